@@ -1,0 +1,140 @@
+"""Run configuration: a YAML file plus dotted overrides, validated per component.
+
+A run config has one section per component, each naming the component's ``id`` next to its options,
+and a ``run`` section for the run itself::
+
+    env: {id: rlm_repl, max_turns: 8}
+    generator: {id: default, n_samples_per_prompt: 8}
+    engine: {id: hf}
+    trainer: {id: fsdp_grpo, model: tiny-random, lr: 1.0e-6}
+    run: {output_dir: runs/rlm, seed: 0}
+
+Overrides use dots: ``trainer.lr=1e-6 generator.step_wise=true``; values are parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyrl_core.factory import ConfigError, component_config, validate_config
+from skyrl_core.registry import Kind, Registry, did_you_mean
+
+SECTIONS: dict[str, Kind] = {"env": "env", "generator": "generator", "engine": "engine", "trainer": "trainer"}
+DEFAULT_IDS = {"generator": "default", "engine": "hf"}
+
+
+class RunOptions(BaseModel):
+    """The ``run`` section: where outputs go and how the run is logged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_dir: str | None = Field(None, description="Run folder; default runs/<env>-<trainer>-<time>.")
+    seed: int = 0
+    resume: str | None = Field(None, description="Run folder to continue from its last checkpoint.")
+    wandb_project: str | None = Field(None, description="Log to Weights & Biases under this project.")
+    wandb_mode: str | None = Field(None, description="online/offline; default offline without WANDB_API_KEY.")
+    console: bool = Field(True, description="Rich progress bars and tables on the console.")
+
+
+@dataclass
+class ResolvedConfig:
+    """Every section validated against its component's config class."""
+
+    env_id: str
+    env: BaseModel
+    generator_id: str
+    generator: BaseModel | None
+    engine_id: str
+    engine: BaseModel | None
+    trainer_id: str
+    trainer: BaseModel | None
+    run: RunOptions
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for section in SECTIONS:
+            options = getattr(self, section)
+            out[section] = {"id": getattr(self, f"{section}_id"),
+                            **(options.model_dump(mode="json") if options is not None else {})}
+        out["run"] = self.run.model_dump(mode="json")
+        return out
+
+    def default_output_dir(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return Path(self.run.output_dir or f"runs/{self.env_id}-{self.trainer_id}-{stamp}")
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """``["a.b=1", "a.c=x"]`` -> ``{"a": {"b": 1, "c": "x"}}``."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from None
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is already set to a value")
+        node[leaf] = value
+    return tree
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
+    return data
+
+
+def build_config(*layers: Mapping[str, Any], registry: Registry) -> ResolvedConfig:
+    """Merge layers (defaults, YAML file, CLI flags, overrides; later wins) and validate them."""
+    raw: dict[str, Any] = {}
+    for layer in layers:
+        raw = merge(raw, layer)
+    allowed = [*SECTIONS, "run"]
+    for key, value in raw.items():
+        if key not in allowed:
+            raise ConfigError(f"unknown config section {key!r}.{did_you_mean(key, allowed)} "
+                              f"Sections: {', '.join(allowed)}")
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config section {key!r} must be a mapping, got {value!r}")
+    resolved: dict[str, Any] = {}
+    for section, kind in SECTIONS.items():
+        options = dict(raw.get(section, {}))
+        component_id = options.pop("id", DEFAULT_IDS.get(section))
+        if component_id is None:
+            raise ConfigError(f"{section}.id is required (see `skyrl {kind}s`)")
+        registry.get(kind, str(component_id))  # unknown id -> did-you-mean error
+        resolved[f"{section}_id"] = str(component_id)
+        resolved[section] = component_config(kind, str(component_id), options, registry)
+    resolved["run"] = validate_config(RunOptions, raw.get("run", {}), "run")
+    return ResolvedConfig(**resolved)

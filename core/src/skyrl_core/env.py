@@ -1,0 +1,164 @@
+"""``TextEnv``: a Gymnasium environment whose actions are model text and observations are messages.
+
+Subclasses implement :meth:`TextEnv.build_prompt` (the opening messages for the current task) and
+:meth:`TextEnv.take_action` (or the coroutine :meth:`TextEnv.atake_action` for envs that await I/O).
+The base class keeps the Gymnasium contract around them: turn counting, turn-limit truncation,
+rejection of non-text/empty/huge actions with an explanatory observation, and turning an
+exception inside the env into ``truncated=True`` with ``info["error"]`` instead of a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import gymnasium
+from pydantic import BaseModel, ConfigDict, Field
+
+Message = dict[str, str]
+
+
+class StepResult(NamedTuple):
+    """Gymnasium's 5-tuple: ``obs, reward, terminated, truncated, info = env.step(action)``."""
+
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+
+class EnvConfig(BaseModel):
+    """Options every text env accepts; env plugins subclass this for their own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(1, ge=1, description="Episode is truncated after this many actions.")
+    max_action_chars: int = Field(50_000, ge=1, description="Longer actions are rejected unread.")
+
+
+class TextEnv(gymnasium.Env):
+    """Base class for multi-turn text environments.
+
+    ``task`` is one dataset row (prompt fields plus gold answers); it can also arrive through
+    ``reset(options={"task": row})``. ``config`` is an instance (or dict) of :attr:`config_class`.
+    """
+
+    config_class: ClassVar[type[EnvConfig]] = EnvConfig
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+
+    def __init__(self, task: Mapping[str, Any] | None = None,
+                 config: EnvConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        if config is None or isinstance(config, Mapping):
+            config = self.config_class(**dict(config or {}))
+        self.config = config
+        self.task: dict[str, Any] = dict(task or {})
+        self.turn = 0
+        self.done = False
+
+    @property
+    def max_turns(self) -> int:
+        return self.config.max_turns
+
+    # -- to implement ---------------------------------------------------------------------------
+
+    def build_prompt(self) -> list[Message]:
+        """Opening messages for ``self.task``. Default: the row's ``prompt`` field."""
+        prompt = self.task.get("prompt")
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt}]
+        if isinstance(prompt, list) and prompt:
+            return [dict(m) for m in prompt]
+        raise ValueError(f"{type(self).__name__}: task has no 'prompt' (a string or a list of messages)")
+
+    def take_action(self, action: str) -> StepResult:
+        """Apply one model response. Override this or :meth:`atake_action`."""
+        if type(self).atake_action is TextEnv.atake_action:
+            raise NotImplementedError(f"{type(self).__name__} must implement take_action or atake_action")
+        return asyncio.run(self.atake_action(action))
+
+    async def atake_action(self, action: str) -> StepResult:
+        """Async form of :meth:`take_action`; override in envs that await I/O or sub-calls."""
+        return await asyncio.to_thread(self.take_action, action)
+
+    def gold_actions(self) -> list[str] | None:
+        """Actions that solve the current task with full reward (for ``check_env``), if known."""
+        return None
+
+    def get_metrics(self) -> dict[str, float]:
+        """Per-episode metrics, read by the generator after the episode ends."""
+        return {}
+
+    @classmethod
+    def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:
+        """The env's built-in task rows, if it ships any."""
+        raise NotImplementedError(f"{cls.__name__} has no built-in dataset; give data files in the config")
+
+    # -- the Gymnasium contract -----------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        super().reset(seed=seed)
+        if options and "task" in options:
+            self.task = dict(options["task"])
+        self.turn = 0
+        self.done = False
+        return self.build_prompt(), {"max_turns": self.max_turns}
+
+    def step(self, action: str) -> StepResult:
+        early = self._before_action(action)
+        if early is not None:
+            return early
+        try:
+            result = self.take_action(action)
+        except Exception as exc:  # noqa: BLE001 - an env bug ends this episode, not the batch
+            return self._failed(exc)
+        return self._after_action(result)
+
+    async def astep(self, action: str) -> StepResult:
+        """Async twin of :meth:`step`; generators always call this one."""
+        early = self._before_action(action)
+        if early is not None:
+            return early
+        try:
+            if type(self).atake_action is TextEnv.atake_action:
+                result = await asyncio.to_thread(self.take_action, action)
+            else:
+                result = await self.atake_action(action)
+        except Exception as exc:  # noqa: BLE001
+            return self._failed(exc)
+        return self._after_action(result)
+
+    def _before_action(self, action: Any) -> StepResult | None:
+        if self.done:
+            raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
+        self.turn += 1
+        problem = None
+        if not isinstance(action, str):
+            problem = f"Your response must be text, got {type(action).__name__}."
+        elif not action.strip():
+            problem = "Your response was empty. Reply with text."
+        elif len(action) > self.config.max_action_chars:
+            problem = (f"Your response was {len(action):,} characters; the limit is "
+                       f"{self.config.max_action_chars:,}. It was not read.")
+        if problem is None:
+            return None
+        return self._after_action(StepResult([{"role": "user", "content": problem}], 0.0, False, False,
+                                             {"invalid_action": problem}))
+
+    def _after_action(self, result: StepResult) -> StepResult:
+        obs, reward, terminated, truncated, info = result
+        if not terminated and self.turn >= self.max_turns:
+            truncated = True
+            info = {**info, "truncated_reason": f"turn limit ({self.max_turns}) reached"}
+        self.done = bool(terminated or truncated)
+        return StepResult(list(obs), float(reward), bool(terminated), bool(truncated), info)
+
+    def _failed(self, exc: BaseException) -> StepResult:
+        self.done = True
+        info = {"error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
+        return StepResult([], 0.0, False, True, info)

@@ -1,0 +1,71 @@
+"""Build registered components from their ids and config dicts, with errors that name the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from skyrl_core.env import EnvConfig, TextEnv
+from skyrl_core.plugins import get_registry
+from skyrl_core.registry import Kind, Registry, RegistryError, did_you_mean
+
+
+class ConfigError(ValueError):
+    """A config value is unknown, missing or invalid; the message names the key."""
+
+
+def validate_config(model: type[BaseModel], values: Mapping[str, Any], section: str) -> BaseModel:
+    """Instantiate ``model`` from ``values``; errors name ``section.key`` and the allowed keys."""
+    try:
+        return model(**dict(values))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, section)) from None
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], section: str) -> str:
+    allowed = sorted(model.model_fields)
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in (section, *err["loc"]) if p != "")
+        if err["type"] == "extra_forbidden":
+            name = str(err["loc"][-1])
+            lines.append(f"{key}: unknown key.{did_you_mean(name, allowed)} Allowed keys: {', '.join(allowed)}")
+        else:
+            allowed_values = ""
+            field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+            if field is not None and field.description:
+                allowed_values = f" ({field.description})"
+            lines.append(f"{key}: {err['msg']}, got {err.get('input')!r}{allowed_values}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def component_config(kind: Kind, id: str, values: Mapping[str, Any] | None = None,
+                     registry: Registry | None = None) -> BaseModel | None:
+    """The validated config object for component ``id`` (``None`` if it declares no config class)."""
+    spec = (registry or get_registry()).get(kind, id)
+    model = spec.config_class()
+    if model is None and kind == "env":
+        model = env_class(id, registry).config_class
+    if model is None:
+        if values:
+            raise ConfigError(f"{kind} {id!r} takes no options, got {sorted(values)}")
+        return None
+    return validate_config(model, values or {}, kind)
+
+
+def env_class(env_id: str, registry: Registry | None = None) -> type[TextEnv]:
+    cls = (registry or get_registry()).get("env", env_id).load()
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
+        raise RegistryError(f"env {env_id!r} entry point is {cls!r}, not a TextEnv subclass")
+    return cls
+
+
+def make_env(env_id: str, task: Mapping[str, Any] | None = None,
+             config: EnvConfig | Mapping[str, Any] | None = None, registry: Registry | None = None) -> TextEnv:
+    """Construct env ``env_id`` for one task row."""
+    cls = env_class(env_id, registry)
+    if not isinstance(config, BaseModel):
+        config = validate_config(cls.config_class, config or {}, "env")
+    return cls(task=task, config=config)

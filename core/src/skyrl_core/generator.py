@@ -1,0 +1,236 @@
+"""The default multi-turn generator: many episodes at once on asyncio, token in, token out.
+
+Each episode: render the prompt with the chat template, ask the engine for a turn, step the env
+with the decoded text, append the observation's template tokens (loss mask 0), and repeat until the
+env terminates or truncates or a budget runs out. Generated ids are kept exactly as the engine
+returned them. A failing env or engine call ends only its own episode (``Trajectory.error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyrl_core.chat import ChatRenderer, ChatTokenizer
+from skyrl_core.engine import InferenceEngine, SamplingParams
+from skyrl_core.env import EnvConfig, TextEnv
+from skyrl_core.factory import env_class, validate_config
+from skyrl_core.trajectory import Trajectory, TrajectoryBatch, Turn
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorConfig(BaseModel):
+    """Options of the ``default`` generator (section ``generator`` of a run config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_samples_per_prompt: int = Field(4, ge=1, description="GRPO group size: samples per task.")
+    max_turns: int | None = Field(None, ge=1, description="Overrides the env's max_turns when set.")
+    max_tokens_per_turn: int = Field(256, ge=1, description="Generation cap for one model turn.")
+    max_total_tokens: int = Field(1024, ge=1, description="Cap on generated tokens over the episode.")
+    max_context_length: int = Field(2048, ge=8, description="Prompt + response never exceeds this.")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings, e.g. '</sql>'.")
+    step_wise: bool = Field(False, description="Emit one training sample per turn.")
+    max_concurrency: int = Field(256, ge=1, description="Episodes in flight at once.")
+    end_of_turn_token_id: int | None = Field(None, description="Defaults to the tokenizer's EOS id.")
+    seed: int = 0
+
+
+EpisodeCallback = Callable[[Trajectory], None]
+
+
+class MultiTurnGenerator:
+    """Runs episodes of one env against one engine. Registered as generator ``default``."""
+
+    def __init__(self, config: GeneratorConfig, *, engine: InferenceEngine, tokenizer: ChatTokenizer,
+                 env_id: str, env_config: EnvConfig | Mapping[str, Any] | None = None,
+                 on_episode_end: EpisodeCallback | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer, config.end_of_turn_token_id)
+        self.env_id = env_id
+        self.env_cls = env_class(env_id)
+        if not isinstance(env_config, BaseModel):
+            env_config = validate_config(self.env_cls.config_class, env_config or {}, "env")
+        if config.max_turns is not None:
+            env_config = env_config.model_copy(update={"max_turns": config.max_turns})
+        self.env_config = env_config
+        self.on_episode_end = on_episode_end
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        c = self.config
+        return SamplingParams(max_tokens=max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                              stop=list(c.stop), stop_token_ids=[self.renderer.end_of_turn_id])
+
+    async def generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None = None) -> TrajectoryBatch:
+        """Run ``n_samples`` (default: config) episodes per task; results keep input order."""
+        n = n_samples or self.config.n_samples_per_prompt
+        semaphore = asyncio.Semaphore(self.config.max_concurrency)
+        jobs = []
+        for index, task in enumerate(tasks):
+            group_id = str(task.get("id", index))
+            for sample in range(n):
+                jobs.append(self._bounded(semaphore, dict(task), group_id, sample))
+        started = time.perf_counter()
+        episodes = await asyncio.gather(*jobs)
+        trajectories = [t for episode in episodes for t in self.training_samples(episode)]
+        batch = TrajectoryBatch(trajectories)
+        batch.metrics = rollout_metrics(episodes, time.perf_counter() - started)
+        return batch
+
+    async def _bounded(self, semaphore: asyncio.Semaphore, task: dict[str, Any], group_id: str,
+                       sample: int) -> Trajectory:
+        async with semaphore:
+            trajectory = Trajectory(group_id=group_id, sample_index=sample, env_id=self.env_id, task=task)
+            await self.run_episode(trajectory)
+        if self.on_episode_end is not None:
+            self.on_episode_end(trajectory)
+        return trajectory
+
+    def new_env(self, task: Mapping[str, Any]) -> TextEnv:
+        return self.env_cls(task=task, config=self.env_config)
+
+    async def run_episode(self, trajectory: Trajectory) -> Trajectory:
+        """Fill ``trajectory`` by playing one episode; never raises."""
+        started = time.perf_counter()
+        env: TextEnv | None = None
+        try:
+            env = self.new_env(trajectory.task)
+            seed = self.config.seed + trajectory.sample_index
+            messages, _ = await asyncio.to_thread(env.reset, seed=seed, options={"task": trajectory.task})
+            trajectory.messages = list(messages)
+            await self._play(env, trajectory)
+        except Exception as exc:  # noqa: BLE001 - isolate the failure to this episode
+            trajectory.error = f"{type(exc).__name__}: {exc}"
+            trajectory.stop_reason = "error"
+            log.warning("episode %s (task %s) failed: %s\n%s", trajectory.id, trajectory.group_id,
+                        trajectory.error, traceback.format_exc())
+        finally:
+            if env is not None:
+                trajectory.metrics.update(_safe_metrics(env))
+                await asyncio.to_thread(_safe_close, env)
+        trajectory.reward = sum(t.reward for t in trajectory.turns)
+        trajectory.metrics.setdefault("episode_seconds", time.perf_counter() - started)
+        return trajectory
+
+    async def _play(self, env: TextEnv, traj: Trajectory) -> None:
+        c = self.config
+        traj.prompt_ids = self.renderer.prompt_ids(traj.messages)
+        if len(traj.prompt_ids) >= c.max_context_length:
+            traj.stop_reason = "prompt_too_long"
+            traj.error = f"prompt has {len(traj.prompt_ids)} tokens; max_context_length is {c.max_context_length}"
+            return
+        generated = 0
+        while True:
+            context = len(traj.prompt_ids) + len(traj.response_ids)
+            budget = min(c.max_tokens_per_turn, c.max_context_length - context, c.max_total_tokens - generated)
+            if budget <= 0:
+                traj.stop_reason = "token_budget" if generated >= c.max_total_tokens else "context_length"
+                return
+            out = await self.engine.generate(traj.prompt_ids + traj.response_ids, self.sampling_params(budget))
+            ids = list(out.token_ids[:budget])
+            logprobs = list(out.logprobs[: len(ids)]) if out.logprobs is not None else [0.0] * len(ids)
+            generated += len(ids)
+            traj.response_ids += ids
+            traj.loss_mask += [1] * len(ids)
+            traj.logprobs += logprobs
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            step = await env.astep(text)
+            traj.messages.append({"role": "assistant", "content": text})
+            turn = Turn(action=text, observation=step.observation, reward=step.reward, info=step.info,
+                        generated_tokens=len(ids), engine_stop_reason=out.stop_reason)
+            traj.turns.append(turn)
+            if step.info.get("error"):
+                traj.error = str(step.info["error"])
+            if step.terminated or step.truncated:
+                traj.stop_reason = _end_reason(step.terminated, step.info)
+                return
+            ended = bool(ids) and ids[-1] == self.renderer.end_of_turn_id
+            obs_ids = self.renderer.observation_ids(step.observation, ended)
+            if len(traj.prompt_ids) + len(traj.response_ids) + len(obs_ids) >= c.max_context_length:
+                traj.stop_reason = "context_length"
+                return
+            traj.messages.extend(step.observation)
+            turn.observation_tokens = len(obs_ids)
+            traj.response_ids += obs_ids
+            traj.loss_mask += [0] * len(obs_ids)
+            traj.logprobs += [0.0] * len(obs_ids)
+
+    def training_samples(self, episode: Trajectory) -> list[Trajectory]:
+        """The episode itself, or one sample per turn in step-wise mode."""
+        if not self.config.step_wise or not episode.turns:
+            return [episode]
+        return split_into_steps(episode)
+
+
+def split_into_steps(episode: Trajectory) -> list[Trajectory]:
+    """One sample per turn: the context so far as prompt, that turn's generated ids as response.
+
+    Every step carries the episode's total reward, so outcome-based advantages computed on the
+    last step apply to all of its steps.
+    """
+    steps = []
+    position = 0
+    for index, turn in enumerate(episode.turns):
+        start, end = position, position + turn.generated_tokens
+        steps.append(Trajectory(
+            prompt_ids=episode.prompt_ids + episode.response_ids[:start],
+            response_ids=episode.response_ids[start:end], loss_mask=episode.loss_mask[start:end],
+            logprobs=episode.logprobs[start:end], reward=episode.reward, turns=[turn],
+            stop_reason=episode.stop_reason, id=f"{episode.id}-s{index}", parent_id=episode.parent_id,
+            depth=episode.depth, group_id=episode.group_id, sample_index=episode.sample_index,
+            env_id=episode.env_id, task=episode.task, step_index=index,
+            is_last_step=index == len(episode.turns) - 1, error=episode.error, metrics=episode.metrics))
+        position = end + turn.observation_tokens
+    return steps
+
+
+def _end_reason(terminated: bool, info: Mapping[str, Any]) -> str:
+    if info.get("error"):
+        return "env_error"
+    return "terminated" if terminated else "truncated"
+
+
+def _safe_metrics(env: TextEnv) -> dict[str, float]:
+    try:
+        return {k: float(v) for k, v in env.get_metrics().items()}
+    except Exception:  # noqa: BLE001
+        log.warning("get_metrics() of %s failed", type(env).__name__, exc_info=True)
+        return {}
+
+
+def _safe_close(env: TextEnv) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001
+        log.warning("close() of %s failed", type(env).__name__, exc_info=True)
+
+
+def rollout_metrics(episodes: Sequence[Trajectory], seconds: float) -> dict[str, float]:
+    """Batch-level summary: reward mean/std, turns, generated tokens, errors, throughput."""
+    if not episodes:
+        return {}
+    rewards = [t.reward for t in episodes]
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+    generated = sum(sum(t.loss_mask) for t in episodes)
+    return {
+        "reward/mean": mean, "reward/std": std, "reward/max": max(rewards), "reward/min": min(rewards),
+        "rollout/turns_mean": sum(len(t.turns) for t in episodes) / len(episodes),
+        "rollout/response_tokens_mean": generated / len(episodes),
+        "rollout/errors": float(sum(t.error is not None for t in episodes)),
+        "rollout/episodes": float(len(episodes)),
+        "rollout/seconds": seconds,
+        "rollout/generated_tokens_per_second": generated / seconds if seconds > 0 else 0.0,
+    }

@@ -1,0 +1,98 @@
+"""The hooks a SkyRL plugin can implement.
+
+Every ``register_*`` hook receives a ``register`` callback and calls it once per component it
+provides (zero or many times); core records which distribution supplied each id. Observer hooks
+(``on_*``) are events: they return nothing and must not raise.
+
+Plugins import :data:`skyrl_core.hookimpl` and never pluggy itself::
+
+    from skyrl_core import EnvSpec, hookimpl
+
+    @hookimpl
+    def register_envs(register):
+        register(EnvSpec(id="reverse_text", entry_point="skyrl_reverse_text.env:ReverseTextEnv"))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    import typer
+
+    from skyrl_core.registry import ComponentSpec
+    from skyrl_core.trajectory import Trajectory
+
+hookspec = pluggy.HookspecMarker("skyrl")
+hookimpl = pluggy.HookimplMarker("skyrl")
+
+Register = Callable[["ComponentSpec"], None]
+
+
+# -- registration: called once per plugin when the registry is first built ----------------------
+
+
+@hookspec
+def register_envs(register: Register) -> None:
+    """Register text environments.
+
+    Fires once per plugin the first time any registry lookup happens. Call ``register(EnvSpec(...))``
+    for every environment the plugin provides. Nothing heavy may be imported here: the spec's
+    ``entry_point`` is a ``"module:attr"`` string imported only when the env is made.
+    """
+
+
+@hookspec
+def register_generators(register: Register) -> None:
+    """Register rollout generators (``GeneratorSpec``).
+
+    Fires like :func:`register_envs`. A generator turns tasks into trajectories by driving an
+    inference engine and environments; core's ``default`` generator is registered through this hook.
+    """
+
+
+@hookspec
+def register_trainers(register: Register) -> None:
+    """Register trainers (``TrainerSpec``), e.g. ``fsdp_grpo`` from ``skyrl-trainers``.
+
+    Fires like :func:`register_envs`.
+    """
+
+
+@hookspec
+def register_inference_engines(register: Register) -> None:
+    """Register inference engines (``EngineSpec``) implementing :class:`skyrl_core.InferenceEngine`.
+
+    Fires like :func:`register_envs`. Core's ``openai`` engine is registered through this hook.
+    """
+
+
+@hookspec
+def register_commands(cli: "typer.Typer") -> None:
+    """Add sub-commands to the ``skyrl`` command line.
+
+    Fires once when the CLI is built, before arguments are parsed. Use ``@cli.command()``; keep
+    heavy imports inside the command body so ``skyrl --help`` stays fast.
+    """
+
+
+# -- observers: events fired while running; implementations must be cheap and must not raise ----
+
+
+@hookspec
+def on_rollout_end(trajectory: "Trajectory") -> None:
+    """Called after every finished episode (root or child) with its trajectory.
+
+    Fires from the generator's event loop, so it must not block. Use it for custom logging or
+    filtering statistics; mutating the trajectory is allowed but discouraged.
+    """
+
+
+@hookspec
+def on_train_step_end(step: int, metrics: dict[str, Any]) -> None:
+    """Called by trainers after each optimizer step with the step number and its metrics.
+
+    ``metrics`` is the same flat ``{name: float}`` dict written to ``metrics.jsonl``.
+    """
