@@ -54,13 +54,15 @@ class ResolvedConfig:
     generator: BaseModel | None
     engine_id: str
     engine: BaseModel | None
-    trainer_id: str
+    trainer_id: str | None
     trainer: BaseModel | None
     run: RunOptions
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for section in SECTIONS:
+            if getattr(self, f"{section}_id") is None:
+                continue
             options = getattr(self, section)
             out[section] = {"id": getattr(self, f"{section}_id"),
                             **(options.model_dump(mode="json") if options is not None else {})}
@@ -69,7 +71,7 @@ class ResolvedConfig:
 
     def default_output_dir(self) -> Path:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        return Path(self.run.output_dir or f"runs/{self.env_id}-{self.trainer_id}-{stamp}")
+        return Path(self.run.output_dir or f"runs/{self.env_id}-{self.trainer_id or 'rollout'}-{stamp}")
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
@@ -115,8 +117,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def build_config(*layers: Mapping[str, Any], registry: Registry) -> ResolvedConfig:
-    """Merge layers (defaults, YAML file, CLI flags, overrides; later wins) and validate them."""
+def build_config(*layers: Mapping[str, Any], registry: Registry, need_trainer: bool = True) -> ResolvedConfig:
+    """Merge layers (defaults, YAML file, CLI flags, overrides; later wins) and validate them.
+
+    Without ``need_trainer`` (rollouts, evaluation) a missing ``trainer`` section is allowed.
+    """
     raw: dict[str, Any] = {}
     for layer in layers:
         raw = merge(raw, layer)
@@ -131,6 +136,9 @@ def build_config(*layers: Mapping[str, Any], registry: Registry) -> ResolvedConf
     for section, kind in SECTIONS.items():
         options = dict(raw.get(section, {}))
         component_id = options.pop("id", DEFAULT_IDS.get(section))
+        if component_id is None and section == "trainer" and not need_trainer:
+            resolved["trainer_id"], resolved["trainer"] = None, None
+            continue
         if component_id is None:
             raise ConfigError(f"{section}.id is required (see `skyrl {kind}s`)")
         registry.get(kind, str(component_id))  # unknown id -> did-you-mean error

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +21,7 @@ from skyrl_core.chat import ChatRenderer, ChatTokenizer
 from skyrl_core.engine import InferenceEngine, SamplingParams
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import env_class, validate_config
+from skyrl_core.plugins import get_plugin_manager
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch, Turn
 
 log = logging.getLogger(__name__)
@@ -46,15 +47,11 @@ class GeneratorConfig(BaseModel):
     seed: int = 0
 
 
-EpisodeCallback = Callable[[Trajectory], None]
-
-
 class MultiTurnGenerator:
     """Runs episodes of one env against one engine. Registered as generator ``default``."""
 
     def __init__(self, config: GeneratorConfig, *, engine: InferenceEngine, tokenizer: ChatTokenizer,
-                 env_id: str, env_config: EnvConfig | Mapping[str, Any] | None = None,
-                 on_episode_end: EpisodeCallback | None = None) -> None:
+                 env_id: str, env_config: EnvConfig | Mapping[str, Any] | None = None) -> None:
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
@@ -66,7 +63,6 @@ class MultiTurnGenerator:
         if config.max_turns is not None:
             env_config = env_config.model_copy(update={"max_turns": config.max_turns})
         self.env_config = env_config
-        self.on_episode_end = on_episode_end
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         c = self.config
@@ -94,8 +90,7 @@ class MultiTurnGenerator:
         async with semaphore:
             trajectory = Trajectory(group_id=group_id, sample_index=sample, env_id=self.env_id, task=task)
             await self.run_episode(trajectory)
-        if self.on_episode_end is not None:
-            self.on_episode_end(trajectory)
+        get_plugin_manager().hook.on_rollout_end(trajectory=trajectory)
         return trajectory
 
     def new_env(self, task: Mapping[str, Any]) -> TextEnv:

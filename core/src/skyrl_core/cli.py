@@ -1,0 +1,229 @@
+"""The ``skyrl`` command line: list components, check envs, run rollouts and training."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from skyrl_core.plugins import get_plugin_manager
+from skyrl_core.registry import KINDS, Kind, RegistryError
+
+OVERRIDES_HELP = "Dotted config overrides such as trainer.lr=1e-6 env.max_turns=4 (values parsed as YAML)."
+
+
+def build_app() -> typer.Typer:
+    """The CLI, including sub-commands added by plugins through ``register_commands``."""
+    app = typer.Typer(help="SkyRL: train LLM agents with RL. Environments, generators, trainers and "
+                      "engines come from plugins.", no_args_is_help=True, add_completion=False)
+    app.command("plugins")(plugins_command)
+    for kind in KINDS:
+        app.command(f"{kind}s", help=f"List installed {kind}s.")(_listing_command(kind))
+    app.command("check")(check_command)
+    app.command("rollout")(rollout_command)
+    app.command("run")(run_command)
+    get_plugin_manager().hook.register_commands(cli=app)
+    return app
+
+
+def main() -> None:
+    build_app()()
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def plugins_command(all: bool = typer.Option(False, "--all", help="Include core's built-in plugin.")) -> None:
+    """Print installed plugins as JSON: name, version, module, hooks, and the error of any that failed."""
+    pm = get_plugin_manager()
+    pm.registry  # building the registry runs the register hooks, which records their failures
+    typer.echo(json.dumps([r.to_dict() for r in pm.records(include_builtins=all)], indent=2))
+
+
+def _listing_command(kind: Kind) -> Any:
+    def listing(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+        registry = get_plugin_manager().registry
+        rows = []
+        for spec_id in registry.ids(kind):
+            spec = registry.specs[kind][spec_id]
+            provider = spec.provider
+            rows.append({"id": spec.id, "provider": provider.name, "version": provider.version,
+                         "description": spec.description, **spec.metadata()})
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{kind}s")
+        for column in ("id", "provider", "description", "metadata"):
+            table.add_column(column)
+        for row in rows:
+            meta = ", ".join(f"{k}={v}" for k, v in row.items()
+                             if k not in {"id", "provider", "version", "description"} and v not in (None, False))
+            table.add_row(row["id"], f"{row['provider']} {row['version']}", row["description"], meta)
+        Console().print(table)
+        failures = get_plugin_manager().failures
+        if failures:
+            typer.echo(f"{len(failures)} plugin(s) failed to load; see `skyrl plugins`.", err=True)
+
+    listing.__doc__ = f"List installed {kind}s with the package that provides each."
+    return listing
+
+
+def check_command(
+    env_id: str = typer.Argument(..., help="Registered env id, e.g. rlm_repl."),
+    n_tasks: int = typer.Option(2, help="Built-in dataset rows to check the gold actions on."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
+) -> None:
+    """Run the env conformance checker (skyrl_core.testing.check_env) and print each check."""
+    from skyrl_core.config import parse_overrides
+    from skyrl_core.factory import ConfigError
+    from skyrl_core.testing import check_env
+
+    try:
+        env_options = parse_overrides(overrides or []).get("env", {})
+        report = check_env(env_id, config=env_options, n_tasks=n_tasks, raise_on_failure=False)
+    except (ConfigError, RegistryError) as exc:
+        raise _fail(str(exc)) from None
+    for name in report.passed:
+        typer.echo(f"PASS  {name}")
+    for name in report.skipped:
+        typer.echo(f"SKIP  {name}")
+    for problem in report.failed:
+        typer.echo(f"FAIL  {problem}")
+    typer.echo(f"{len(report.passed)} passed, {len(report.failed)} failed")
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def _config_layers(env: str, config_file: Optional[Path], overrides: Optional[list[str]],
+                   flags: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    from skyrl_core.config import load_yaml, parse_overrides
+
+    layers: list[dict[str, Any]] = [load_yaml(config_file)] if config_file else []
+    layers.append({"env": {"id": env}, **{k: v for k, v in flags.items() if v}})
+    layers.append(parse_overrides(overrides or []))
+    return layers
+
+
+def rollout_command(
+    env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
+    engine: str = typer.Option("hf", "--engine", help="Engine id (see `skyrl engines`)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name or path for the engine."),
+    generator: str = typer.Option("default", "--generator", help="Generator id."),
+    n_tasks: int = typer.Option(8, "--n-tasks", help="Tasks to run (0 = all)."),
+    samples: int = typer.Option(1, "--samples", help="Episodes per task."),
+    split: str = typer.Option("test", "--split", help="Built-in dataset split."),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
+    out: Path = typer.Option(Path("rollouts.jsonl"), "--out", help="Where to write the trajectories (JSONL)."),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML run config."),
+    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+) -> None:
+    """Run episodes without training, write trajectories to JSONL and print a reward summary."""
+    import asyncio
+
+    from skyrl_core.config import build_config
+    from skyrl_core.data import DataError, load_tasks
+    from skyrl_core.factory import ConfigError, env_class
+
+    flags = {"engine": {"id": engine, **({"model": model} if model else {})}, "generator": {"id": generator}}
+    pm = get_plugin_manager()
+    try:
+        cfg = build_config(*_config_layers(env, config_file, overrides, flags), registry=pm.registry, need_trainer=False)
+        rows = load_tasks(env_class(cfg.env_id), cfg.env, split=split, path=str(tasks) if tasks else None,
+                          limit=n_tasks or None)
+        engine_obj = pm.registry.make("engine", cfg.engine_id, cfg.engine)
+    except (ConfigError, RegistryError, DataError, NotImplementedError) as exc:
+        raise _fail(str(exc)) from None
+    tokenizer = getattr(engine_obj, "tokenizer", None)
+    if tokenizer is None:
+        raise _fail(f"engine {cfg.engine_id!r} has no tokenizer; set engine.tokenizer=NAME_OR_PATH")
+    gen = pm.registry.make("generator", cfg.generator_id, cfg.generator, engine=engine_obj, tokenizer=tokenizer,
+                           env_id=cfg.env_id, env_config=cfg.env)
+    with _RolloutProgress(len(rows) * samples) as progress:
+        pm.register(progress)
+        try:
+            batch = asyncio.run(gen.generate(rows, n_samples=samples))
+        finally:
+            pm.unregister(progress)
+    batch.to_jsonl(out)
+    from skyrl_core.metrics import format_metrics_table
+    from rich.console import Console
+
+    Console().print(format_metrics_table("rollout summary", {**batch.metrics, **_mean_env_metrics(batch)}))
+    typer.echo(f"wrote {len(batch)} trajectories to {out}")
+
+
+class _RolloutProgress:
+    """A rich progress bar advanced by the ``on_rollout_end`` hook."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import Progress
+
+        self.progress = Progress(transient=False)
+        self.task = self.progress.add_task("episodes", total=total)
+
+    def __enter__(self) -> _RolloutProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def on_rollout_end(self, trajectory: Any) -> None:
+        if trajectory.parent_id is None:
+            self.progress.advance(self.task)
+
+
+from skyrl_core.hookspecs import hookimpl  # noqa: E402
+
+_RolloutProgress.on_rollout_end = hookimpl(_RolloutProgress.on_rollout_end)  # type: ignore[method-assign]
+
+
+def _mean_env_metrics(batch: Any) -> dict[str, float]:
+    sums: dict[str, list[float]] = {}
+    for trajectory in batch.roots():
+        for key, value in trajectory.metrics.items():
+            sums.setdefault(f"env/{key}", []).append(value)
+    return {key: sum(values) / len(values) for key, values in sums.items()}
+
+
+def run_command(
+    env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
+    trainer: str = typer.Option(..., "--trainer", help="Trainer id (see `skyrl trainers`), e.g. fsdp_grpo."),
+    model: Optional[str] = typer.Option(None, "--model", help="Policy model (sets trainer.model)."),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML run config."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder."),
+    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+) -> None:
+    """Train a policy on an env: resolves env, generator, engine and trainer through the registry."""
+    from skyrl_core.config import build_config
+    from skyrl_core.factory import ConfigError
+
+    flags: dict[str, dict[str, Any]] = {"trainer": {"id": trainer, **({"model": model} if model else {})}}
+    if resume:
+        flags["run"] = {"resume": str(resume)}
+    registry = get_plugin_manager().registry
+    try:
+        cfg = build_config(*_config_layers(env, config_file, overrides, flags), registry=registry)
+        trainer_cls = registry.get("trainer", trainer).load()
+        summary = trainer_cls(cfg).fit()
+    except (ConfigError, RegistryError) as exc:
+        raise _fail(str(exc)) from None
+    from rich.console import Console
+
+    from skyrl_core.metrics import format_metrics_table
+
+    Console().print(format_metrics_table("run summary", summary or {}))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""``check_env``: the conformance checker every shipped env passes, in the spirit of Gymnasium's.
+
+It plays short episodes and checks: the Gymnasium return shapes and types; that empty, garbage,
+huge and unclosed-tag actions get an observation instead of an exception or an infrastructure
+error; that the turn limit truncates; that a seed makes episodes repeat exactly; that the env's
+``gold_actions()`` reach the top of its reward range; that a fresh env pickles (remote workers);
+that the async ``astep`` agrees with ``step``; and that ``close()`` can be called twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyrl_core.env import EnvConfig, TextEnv
+from skyrl_core.factory import env_class, validate_config
+
+HOSTILE_ACTIONS: dict[str, str] = {
+    "empty": "",
+    "whitespace": " \n\t ",
+    "garbage": "\x00\x01\ufffd\udcff" + "".join(chr(c) for c in range(0x2500, 0x2540)),
+    "unclosed_answer": "<answer>unterminated",
+    "unclosed_code": "```repl\nprint('never closed'",
+    "unclosed_sql": "<sql>SELECT * FROM",
+    "unclosed_solution": "<solution>SELECT",
+    "nested_tags": "<answer><answer></answer>",
+    "markup_soup": "</solution></sql>``` FINAL( FINAL_VAR( <search></search>",
+}
+
+
+class EnvCheckError(AssertionError):
+    """The env broke the contract; the message lists every failed check."""
+
+
+@dataclass
+class EnvCheckReport:
+    env: str
+    passed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | None = None,
+              config: EnvConfig | Mapping[str, Any] | None = None, n_tasks: int = 2, seed: int = 0,
+              raise_on_failure: bool = True) -> EnvCheckReport:
+    """Check an env (registered id or class) against the TextEnv contract.
+
+    ``tasks`` default to the first ``n_tasks`` rows of the env's built-in dataset.
+    """
+    cls = env_class(env) if isinstance(env, str) else env
+    if not isinstance(config, EnvConfig):
+        config = validate_config(cls.config_class, config or {}, "env")
+    if tasks is None:
+        tasks = list(cls.load_dataset("train", config))[:n_tasks]
+    if not tasks:
+        raise EnvCheckError(f"{cls.__name__}: no tasks to check with (pass tasks=...)")
+    report = EnvCheckReport(env if isinstance(env, str) else cls.__name__)
+    checks: list[tuple[str, Callable[[], str | None]]] = [
+        ("pickle", lambda: _check_pickle(cls, config, tasks[0])),
+        ("turn_limit", lambda: _check_turn_limit(cls, config, tasks[0], seed)),
+        ("determinism", lambda: _check_determinism(cls, config, tasks[0], seed)),
+        ("astep", lambda: _check_astep(cls, config, tasks[0], seed)),
+    ]
+    for name in HOSTILE_ACTIONS:
+        checks.append((f"action:{name}", lambda n=name: _check_action(cls, config, tasks[0], seed, HOSTILE_ACTIONS[n])))
+    checks.append(("action:huge", lambda: _check_action(cls, config, tasks[0], seed, "x" * (config.max_action_chars + 1))))
+    for i, task in enumerate(tasks):
+        checks.append((f"gold[{i}]", lambda t=task: _check_gold(cls, config, t, seed)))
+    for name, check in checks:
+        try:
+            outcome = check()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, not just the first
+            report.failed.append(f"{name}: raised {type(exc).__name__}: {exc}")
+            continue
+        if outcome == "skip":
+            report.skipped.append(name)
+        elif outcome:
+            report.failed.append(f"{name}: {outcome}")
+        else:
+            report.passed.append(name)
+    if report.failed and raise_on_failure:
+        raise EnvCheckError(f"{report.env} failed {len(report.failed)} check(s):\n  " + "\n  ".join(report.failed))
+    return report
+
+
+class _Episode:
+    """An env built and reset for one check; closed on exit."""
+
+    def __init__(self, cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> None:
+        self.env = cls(task=task, config=config)
+        self.seed = seed
+
+    def __enter__(self) -> tuple[TextEnv, Any]:
+        return self.env, self.env.reset(seed=self.seed, options={"task": dict(self.env.task)})
+
+    def __exit__(self, *exc: object) -> None:
+        self.env.close()
+
+
+def _shape_problem(result: Any) -> str | None:
+    if not (isinstance(result, tuple) and len(result) == 5):
+        return f"step() must return (observation, reward, terminated, truncated, info), got {result!r:.200}"
+    obs, reward, terminated, truncated, info = result
+    problem = _messages_problem(obs, "observation")
+    if problem:
+        return problem
+    if not isinstance(reward, float):
+        return f"reward must be a float, got {type(reward).__name__}"
+    if not isinstance(terminated, bool) or not isinstance(truncated, bool):
+        return "terminated and truncated must be bools"
+    if not isinstance(info, dict):
+        return f"info must be a dict, got {type(info).__name__}"
+    return None
+
+
+def _messages_problem(messages: Any, what: str) -> str | None:
+    if not isinstance(messages, list):
+        return f"{what} must be a list of messages, got {type(messages).__name__}"
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            return f"{what} holds {m!r:.120}; each message must be {{'role': str, 'content': str}}"
+    return None
+
+
+def _check_pickle(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any]) -> str | None:
+    env = cls(task=task, config=config)
+    clone = pickle.loads(pickle.dumps(env))
+    if clone.config != env.config or clone.task != env.task:
+        return "a pickled env does not keep its config and task"
+    return None
+
+
+def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int, action: str) -> str | None:
+    with _Episode(cls, config, task, seed) as (env, (obs, info)):
+        problem = _messages_problem(obs, "reset() observation") or (None if isinstance(info, dict) else "reset() info must be a dict")
+        if problem:
+            return problem
+        result = env.step(action)
+        problem = _shape_problem(result)
+        if problem:
+            return problem
+        if result.info.get("error"):
+            return f"a bad action must get an observation, not an infrastructure error: {result.info['error']}"
+        if not result.observation and not (result.terminated or result.truncated):
+            return "a bad action got no observation, so the model is not told what was wrong"
+        low, high = cls.reward_range
+        if not low <= result.reward <= high:
+            return f"reward {result.reward} is outside reward_range {cls.reward_range}"
+    return None
+
+
+def _check_turn_limit(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
+    with _Episode(cls, config, task, seed) as (env, _):
+        for _turn in range(config.max_turns):
+            result = env.step("I am not sure.")
+            if result.terminated or result.truncated:
+                return None
+        return f"episode still running after max_turns={config.max_turns} actions; expected truncated=True"
+
+
+def _play(env: TextEnv, actions: Sequence[str]) -> list[tuple[Any, ...]]:
+    out = []
+    for action in actions:
+        r = env.step(action)
+        out.append((r.observation, r.reward, r.terminated, r.truncated))
+        if r.terminated or r.truncated:
+            break
+    return out
+
+
+def _check_determinism(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
+    actions = ["I am not sure.", "<answer>maybe</answer>"]
+    runs = []
+    for _ in range(2):
+        with _Episode(cls, config, task, seed) as (env, (obs, _info)):
+            runs.append((obs, _play(env, actions)))
+    if runs[0] != runs[1]:
+        return "the same seed, task and actions gave different observations or rewards"
+    return None
+
+
+def _check_astep(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
+    with _Episode(cls, config, task, seed) as (env, _):
+        sync = env.step("I am not sure.")
+    with _Episode(cls, config, task, seed) as (env, _):
+        async_result = asyncio.run(env.astep("I am not sure."))
+    problem = _shape_problem(async_result)
+    if problem:
+        return f"astep: {problem}"
+    if (sync.observation, sync.reward, sync.terminated, sync.truncated) != async_result[:4]:
+        return "astep() and step() disagree on the same action"
+    env.close()  # a second close must be harmless
+    return None
+
+
+def _check_gold(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
+    with _Episode(cls, config, task, seed) as (env, _):
+        gold = env.gold_actions()
+        if gold is None:
+            return "skip"
+        results = _play(env, gold)
+    total = sum(r[1] for r in results)
+    if not results or not results[-1][2]:
+        return "the gold actions did not terminate the episode"
+    if abs(total - cls.reward_range[1]) > 1e-6:
+        return f"the gold actions scored {total}, expected the top of reward_range {cls.reward_range[1]}"
+    return None

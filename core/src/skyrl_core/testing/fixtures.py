@@ -1,0 +1,70 @@
+"""pytest fixtures for plugin authors, shipped through the ``pytest11`` entry point.
+
+* ``skyrl_plugin_manager``: a fresh plugin manager (built-ins + installed plugins) made the
+  process-wide one for the test, restored afterwards.
+* ``register_skyrl_plugin``: ``register_skyrl_plugin(obj)`` registers a module/object with
+  ``@hookimpl`` functions for the duration of the test.
+* ``scripted_engine``: ``scripted_engine(*replies, style="chatml")`` -> a :class:`ScriptedEngine`
+  with a real small tokenizer (needs ``skyrl-core[test]``).
+* ``skyrl_cli``: ``skyrl_cli("envs", "--json")`` runs the CLI in-process and returns the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from skyrl_core.plugins import PluginManager, new_plugin_manager, set_plugin_manager
+from skyrl_core.registry import Provider
+
+
+@pytest.fixture
+def skyrl_plugin_manager() -> Iterator[PluginManager]:
+    pm = new_plugin_manager()
+    previous = set_plugin_manager(pm)
+    try:
+        yield pm
+    finally:
+        set_plugin_manager(previous)
+
+
+@pytest.fixture
+def register_skyrl_plugin(skyrl_plugin_manager: PluginManager) -> Iterator[Callable[..., object]]:
+    added: list[object] = []
+
+    def register(plugin: object, name: str = "test-plugin", version: str = "0.0.test") -> object:
+        skyrl_plugin_manager.register_plugin(plugin, Provider(name, version))
+        added.append(plugin)
+        return plugin
+
+    yield register
+    for plugin in added:
+        if skyrl_plugin_manager.is_registered(plugin):
+            skyrl_plugin_manager.unregister_plugin(plugin)
+
+
+@pytest.fixture
+def scripted_engine() -> Callable[..., Any]:
+    from skyrl_core.testing.scripted_engine import ScriptedEngine
+    from skyrl_core.testing.tokenizers import make_tokenizer
+
+    def make(*replies: Any, style: str = "chatml", **kwargs: Any) -> ScriptedEngine:
+        return ScriptedEngine(make_tokenizer(style), replies, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def skyrl_cli(skyrl_plugin_manager: PluginManager) -> Callable[..., Any]:
+    from typer.testing import CliRunner
+
+    from skyrl_core.cli import build_app
+
+    runner = CliRunner()
+
+    def invoke(*args: str, **kwargs: Any) -> Any:
+        return runner.invoke(build_app(), list(args), catch_exceptions=False, **kwargs)
+
+    return invoke
