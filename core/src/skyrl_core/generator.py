@@ -125,6 +125,7 @@ class MultiTurnGenerator:
         if len(traj.prompt_ids) >= c.max_context_length:
             traj.stop_reason = "prompt_too_long"
             traj.error = f"prompt has {len(traj.prompt_ids)} tokens; max_context_length is {c.max_context_length}"
+            traj.prompt_ids = []  # nothing from this episode may reach training
             return
         generated = 0
         while True:

@@ -103,6 +103,7 @@ class PluginManager(pluggy.PluginManager):
                                             f"{type(spec).__name__}; expected a {_kind} spec")
                     registry.add(spec, _provider)
 
+                self.trace(f"{_HOOK_FOR_KIND[kind]} from {provider.name} {provider.version}")
                 try:
                     impl.function(**({"register": register} if impl.argnames else {}))
                 except RegistryError as exc:

@@ -1,0 +1,169 @@
+"""The default generator: token-exact multi-turn rollouts, budgets, groups, step-wise, isolation."""
+
+from __future__ import annotations
+
+import pytest
+from core_envs import TestEnvsPlugin
+
+from skyrl_core.chat import ChatRenderer, render_ids
+from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
+
+
+@pytest.fixture
+def test_envs(register_skyrl_plugin):
+    register_skyrl_plugin(TestEnvsPlugin())
+
+
+def make_generator(engine, env_id="reverse_text", **config):
+    return MultiTurnGenerator(GeneratorConfig(**{"n_samples_per_prompt": 1, **config}), engine=engine,
+                              tokenizer=engine.tokenizer, env_id=env_id)
+
+
+@pytest.mark.parametrize("style", ["chatml", "llama3"])
+async def test_three_turn_episode_is_token_exact(scripted_engine, style):
+    # Three turns: malformed (feedback), wrong with a 3-character right prefix (feedback), correct.
+    engine = scripted_engine("no tags here", "<answer>elpap</answer>", "<answer>elppa</answer>", style=style)
+    gen = make_generator(engine, max_turns=3)
+    (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
+    assert traj.error is None and traj.stop_reason == "terminated"
+    assert len(traj.turns) == 3 and traj.reward == pytest.approx(1.0 + 0.5 * 3 / 5)
+
+    tok = engine.tokenizer
+    renderer = ChatRenderer(tok)
+    # The generated ids are exactly what the engine returned, in order, with mask 1.
+    generated = [i for i, m in zip(traj.response_ids, traj.loss_mask) if m == 1]
+    expected_generated = [t for out in engine_outputs(engine, tok) for t in out]
+    assert generated == expected_generated
+    assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 0)
+    assert all(lp == -0.25 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 1)
+    # A full re-render of the conversation equals prompt + response (plus the template's turn trailer).
+    full = render_ids(tok, traj.messages, add_generation_prompt=False)
+    assert traj.prompt_ids + traj.response_ids + renderer.turn_trailer == full
+    # Mask runs: generated, observation, generated, observation, generated.
+    runs = [m for i, m in enumerate(traj.loss_mask) if i == 0 or traj.loss_mask[i - 1] != m]
+    assert runs == [1, 0, 1, 0, 1]
+
+
+def engine_outputs(engine, tok):
+    texts = ["no tags here", "<answer>elpap</answer>", "<answer>elppa</answer>"]
+    return [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
+
+
+async def test_observation_tokens_render_like_the_template(scripted_engine):
+    engine = scripted_engine(style="chatml")
+    renderer = ChatRenderer(engine.tokenizer)
+    obs = renderer.observation_ids([{"role": "user", "content": "hi"}], ended_with_end_of_turn=True)
+    assert engine.tokenizer.decode(obs) == "\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    cut = renderer.observation_ids([{"role": "user", "content": "hi"}], ended_with_end_of_turn=False)
+    assert cut[0] == renderer.end_of_turn_id and cut[1:] == obs
+
+
+async def test_per_turn_budget_cuts_generation_and_marks_length(scripted_engine):
+    engine = scripted_engine(default="<answer>" + "z" * 200 + "</answer>")
+    gen = make_generator(engine, max_turns=2, max_tokens_per_turn=7, max_total_tokens=100)
+    (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
+    assert [t.generated_tokens for t in traj.turns] == [7, 7]
+    assert all(t.engine_stop_reason == "length" for t in traj.turns)
+    # A cut turn is closed with the end-of-turn token as an observation token (mask 0).
+    first_obs = traj.response_ids[7]
+    assert first_obs == ChatRenderer(engine.tokenizer).end_of_turn_id and traj.loss_mask[7] == 0
+
+
+async def test_total_token_budget_stops_the_episode(scripted_engine):
+    engine = scripted_engine(default="<answer>nope</answer>")
+    gen = make_generator(engine, max_turns=10, max_tokens_per_turn=50, max_total_tokens=12)
+    (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
+    assert sum(traj.loss_mask) <= 12
+    assert traj.stop_reason == "token_budget"
+
+
+@pytest.mark.parametrize("limit", [90, 100, 115, 140])
+async def test_context_length_is_never_exceeded(scripted_engine, limit):
+    engine = scripted_engine(default="<answer>not the reversed text at all</answer>")
+    gen = make_generator(engine, max_turns=10, max_tokens_per_turn=64, max_context_length=limit)
+    (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
+    assert len(traj.prompt_ids) + len(traj.response_ids) <= limit
+    assert all(len(call) < limit for call in engine.calls)
+    assert traj.stop_reason in {"context_length", "truncated"}
+
+
+async def test_prompt_longer_than_context_is_reported(scripted_engine):
+    engine = scripted_engine(default="x")
+    gen = make_generator(engine, max_context_length=10)
+    (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
+    assert traj.stop_reason == "prompt_too_long" and "max_context_length is 10" in traj.error
+    assert traj.response_ids == [] and engine.calls == []
+
+
+async def test_turn_limit_truncates(scripted_engine):
+    engine = scripted_engine(default="no tags")
+    gen = make_generator(engine, max_turns=3)
+    (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
+    assert len(traj.turns) == 3 and traj.stop_reason == "truncated"
+    assert "turn limit (3)" in traj.turns[-1].info["truncated_reason"]
+
+
+async def test_groups_have_n_samples_in_input_order(scripted_engine):
+    engine = scripted_engine(default="<answer>x</answer>")
+    gen = make_generator(engine, n_samples_per_prompt=3, max_turns=1)
+    batch = await gen.generate([{"id": "a", "text": "apple"}, {"id": "b", "text": "river"}])
+    assert [(t.group_id, t.sample_index) for t in batch] == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    assert len({t.id for t in batch}) == 6
+    assert batch.metrics["rollout/episodes"] == 6.0
+
+
+async def test_step_wise_mode_emits_one_sample_per_turn(scripted_engine):
+    engine = scripted_engine("no tags here", "<answer>elpap</answer>", "<answer>elppa</answer>")
+    episode_gen = make_generator(engine, max_turns=3)
+    (episode,) = (await episode_gen.generate([{"text": "apple"}])).trajectories
+    engine.enqueue("no tags here", "<answer>elpap</answer>", "<answer>elppa</answer>")
+    steps = (await make_generator(engine, max_turns=3, step_wise=True).generate([{"text": "apple"}])).trajectories
+    assert [s.step_index for s in steps] == [0, 1, 2] and [s.is_last_step for s in steps] == [False, False, True]
+    assert all(s.reward == episode.reward for s in steps)
+    for step in steps:
+        assert all(m == 1 for m in step.loss_mask) and step.response_ids
+        # Each step's prompt + response is a prefix of the whole episode's token sequence.
+        whole = episode.prompt_ids + episode.response_ids
+        assert whole[: len(step.prompt_ids) + len(step.response_ids)] == step.prompt_ids + step.response_ids
+
+
+async def test_a_crashing_env_fails_only_its_own_episode(scripted_engine, test_envs):
+    engine = scripted_engine(default="done")
+    gen = make_generator(engine, env_id="crashing", max_turns=2)
+    tasks = [{"id": str(i), "n": i, "crash": i == 7} for i in range(16)]
+    batch = await gen.generate(tasks)
+    finished = [t for t in batch if t.error is None]
+    failed = [t for t in batch if t.error is not None]
+    assert len(finished) == 15 and all(t.stop_reason == "terminated" and t.reward == 0.25 for t in finished)
+    assert len(failed) == 1 and failed[0].group_id == "7" and "database unavailable" in failed[0].error
+    assert batch.metrics["rollout/errors"] == 1.0
+
+
+async def test_engine_failure_is_isolated(scripted_engine):
+    engine = scripted_engine(default=lambda ids: (_ for _ in ()).throw(ConnectionError("engine down")))
+    gen = make_generator(engine)
+    (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
+    assert traj.stop_reason == "error" and "engine down" in traj.error
+
+
+async def test_on_rollout_end_hook_sees_every_episode(scripted_engine, register_skyrl_plugin):
+    from skyrl_core import hookimpl
+
+    seen = []
+
+    class Observer:
+        @hookimpl
+        def on_rollout_end(self, trajectory):
+            seen.append(trajectory.group_id)
+
+    register_skyrl_plugin(Observer())
+    engine = scripted_engine(default="<answer>x</answer>")
+    await make_generator(engine, n_samples_per_prompt=2, max_turns=1).generate([{"text": "a"}, {"text": "b"}])
+    assert sorted(seen) == ["0", "0", "1", "1"]
+
+
+def test_template_without_eos_is_rejected(scripted_engine):
+    engine = scripted_engine()
+    with pytest.raises(ValueError, match="end_of_turn_token_id"):
+        ChatRenderer(engine.tokenizer, end_of_turn_id=99999)
