@@ -8,7 +8,7 @@ from skyrl_core import EngineSpec, EnvConfig, EnvSpec, StepResult, TextEnv, hook
 
 
 class CountdownEnv(TextEnv):
-    """Asks for a number each turn; reward 0.25 per turn; ends when the model says 'done'."""
+    """Asks for a number each turn; reward 0.25 per unfinished turn, 1.0 when the model says 'done'."""
 
     config_class = EnvConfig
 
@@ -17,7 +17,7 @@ class CountdownEnv(TextEnv):
 
     def take_action(self, action: str) -> StepResult:
         if "done" in action:
-            return StepResult([], 0.25, True, False, {})
+            return StepResult([], 1.0, True, False, {})
         return StepResult([{"role": "user", "content": f"turn {self.turn}: go on"}], 0.25, False, False, {})
 
     def gold_actions(self) -> list[str]:

@@ -135,7 +135,7 @@ async def test_a_crashing_env_fails_only_its_own_episode(scripted_engine, test_e
     batch = await gen.generate(tasks)
     finished = [t for t in batch if t.error is None]
     failed = [t for t in batch if t.error is not None]
-    assert len(finished) == 15 and all(t.stop_reason == "terminated" and t.reward == 0.25 for t in finished)
+    assert len(finished) == 15 and all(t.stop_reason == "terminated" and t.reward == 1.0 for t in finished)
     assert len(failed) == 1 and failed[0].group_id == "7" and "database unavailable" in failed[0].error
     assert batch.metrics["rollout/errors"] == 1.0
 

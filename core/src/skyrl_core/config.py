@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from skyrl_core.factory import ConfigError, component_config, validate_config
 from skyrl_core.registry import Kind, Registry, did_you_mean
 
-SECTIONS: dict[str, Kind] = {"env": "env", "generator": "generator", "engine": "engine", "trainer": "trainer"}
+SECTIONS: dict[str, Kind] = {"env": "env", "trainer": "trainer", "generator": "generator", "engine": "engine"}
 DEFAULT_IDS = {"generator": "default", "engine": "hf"}
 
 
@@ -81,10 +81,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from None
+        value = _parse_value(item, raw)
         node = tree
         *parents, leaf = key.split(".")
         for part in parents:
@@ -93,6 +90,19 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
                 raise ConfigError(f"override {item!r}: {part!r} is already set to a value")
         node[leaf] = value
     return tree
+
+
+def _parse_value(item: str, raw: str) -> Any:
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from None
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-6" as a string; users mean the number
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

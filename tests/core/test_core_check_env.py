@@ -1,0 +1,66 @@
+"""check_env must catch each kind of broken env, not only pass good ones."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from core_envs import CountdownEnv
+
+from skyrl_core import StepResult
+from skyrl_core.testing import EnvCheckError, check_env
+
+TASKS = [{"n": 1}]
+
+
+def test_good_env_passes():
+    report = check_env(CountdownEnv, tasks=TASKS, config={"max_turns": 3})
+    assert not report.failed and "gold[0]" in report.passed
+
+
+class RaisesOnGarbage(CountdownEnv):
+    def take_action(self, action):
+        if "\x00" in action:
+            raise UnicodeError("cannot handle NUL")
+        return super().take_action(action)
+
+
+class Random(CountdownEnv):
+    def take_action(self, action):
+        return StepResult([{"role": "user", "content": str(random.random())}], 0.0, False, False, {})
+
+
+class WrongGold(CountdownEnv):
+    def gold_actions(self):
+        return ["nope"]
+
+
+class Unpicklable(CountdownEnv):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lock = threading.Lock()
+
+
+class SilentOnBadAction(CountdownEnv):
+    def take_action(self, action):
+        return StepResult([], 0.0, False, False, {})
+
+
+class NeverEnds(CountdownEnv):
+    def step(self, action):
+        return StepResult([{"role": "user", "content": "more"}], 0.0, False, False, {})
+
+
+@pytest.mark.parametrize("env_cls, expected", [
+    (RaisesOnGarbage, "action:garbage: a bad action must get an observation, not an infrastructure error"),
+    (Random, "determinism: the same seed"),
+    (WrongGold, "gold[0]: the gold actions did not terminate"),
+    (Unpicklable, "pickle: raised TypeError"),
+    (SilentOnBadAction, "got no observation"),
+    (NeverEnds, "turn_limit: episode still running after max_turns=3"),
+])
+def test_broken_envs_fail_with_a_named_check(env_cls, expected):
+    with pytest.raises(EnvCheckError) as err:
+        check_env(env_cls, tasks=TASKS, config={"max_turns": 3})
+    assert expected in str(err.value)

@@ -1,0 +1,98 @@
+"""The skyrl CLI: plugins JSON, listings, check, rollout, run, and listing staying light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from core_envs import ScriptedEnginePlugin, TestEnvsPlugin
+
+from skyrl_core.trajectory import read_jsonl
+
+
+def test_listing_tables_and_json(skyrl_cli, register_skyrl_plugin):
+    register_skyrl_plugin(TestEnvsPlugin(), name="skyrl-test-envs", version="1.0")
+    table = skyrl_cli("envs", env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "countdown" in table.output and "skyrl-test-envs 1.0" in table.output
+    rows = {r["id"]: r for r in json.loads(skyrl_cli("envs", "--json").output)}
+    assert rows["countdown"]["max_turns"] == 3 and rows["reverse_text"]["provider"] == "skyrl-reverse-text"
+    engines = {r["id"] for r in json.loads(skyrl_cli("engines", "--json").output)}
+    assert "openai" in engines
+    generators = json.loads(skyrl_cli("generators", "--json").output)
+    assert {"id": "default", "provider": "skyrl-core"}.items() <= generators[0].items()
+
+
+def test_plugins_json_lists_hooks(skyrl_cli):
+    plugins = json.loads(skyrl_cli("plugins").output)
+    (reverse,) = [p for p in plugins if p["name"] == "skyrl-reverse-text"]
+    assert reverse["hooks"] == ["register_envs"] and reverse["error"] is None
+    assert any(p["name"] == "skyrl-core" for p in json.loads(skyrl_cli("plugins", "--all").output))
+
+
+def test_listing_imports_no_heavy_module():
+    code = ("import sys; from skyrl_core.cli import build_app; from typer.testing import CliRunner;"
+            "r = CliRunner().invoke(build_app(), ['envs']); assert r.exit_code == 0, r.output;"
+            "heavy = [m for m in ('torch', 'transformers', 'vllm', 'skyrl_reverse_text.env', 'httpx') if m in sys.modules];"
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_check_passes_a_good_env_and_reports_each_check(skyrl_cli):
+    result = skyrl_cli("check", "reverse_text")
+    assert result.exit_code == 0
+    assert "PASS  gold[0]" in result.output and "PASS  action:huge" in result.output
+    assert "0 failed" in result.output
+
+
+def test_check_unknown_env_suggests(skyrl_cli):
+    result = skyrl_cli("check", "revers_text")
+    assert result.exit_code == 2 and "Did you mean 'reverse_text'?" in result.output
+
+
+def test_rollout_writes_trajectories_and_prints_a_summary(skyrl_cli, register_skyrl_plugin, tmp_path):
+    register_skyrl_plugin(ScriptedEnginePlugin())
+    out = tmp_path / "roll.jsonl"
+    result = skyrl_cli("rollout", "--env", "reverse_text", "--engine", "scripted", "--model", "llama3",
+                       "--n-tasks", "3", "--samples", "2", "--out", str(out), "env.max_turns=1")
+    assert result.exit_code == 0, result.output
+    trajectories = list(read_jsonl(out))
+    assert len(trajectories) == 6 and all(len(t.turns) == 1 for t in trajectories)
+    assert "reward/mean" in result.output and "wrote 6 trajectories" in result.output
+
+
+def test_rollout_bad_override_names_the_key(skyrl_cli, register_skyrl_plugin):
+    register_skyrl_plugin(ScriptedEnginePlugin())
+    result = skyrl_cli("rollout", "--env", "reverse_text", "--engine", "scripted", "env.max_turnz=1")
+    assert result.exit_code == 2 and "env.max_turnz: unknown key" in result.output
+
+
+def test_rollout_bad_task_file_names_the_row(skyrl_cli, register_skyrl_plugin, tmp_path):
+    register_skyrl_plugin(ScriptedEnginePlugin())
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"text": "abc"}\n[1, 2]\n')
+    result = skyrl_cli("rollout", "--env", "reverse_text", "--engine", "scripted", "--tasks", str(tasks))
+    assert result.exit_code == 2 and "row 2 must be a JSON object" in result.output
+
+
+def test_run_with_unknown_trainer_points_to_listing(skyrl_cli):
+    result = skyrl_cli("run", "--env", "reverse_text", "--trainer", "fsdp_grpoo")
+    assert result.exit_code == 2
+    assert "unknown trainer id 'fsdp_grpoo'" in result.output and "skyrl trainers" in result.output
+
+
+def test_plugins_can_add_commands(skyrl_cli, register_skyrl_plugin):
+    from skyrl_core import hookimpl
+
+    class Commands:
+        @hookimpl
+        def register_commands(self, cli):
+            @cli.command("hello")
+            def hello() -> None:
+                """Say hello."""
+                print("hello from a plugin")
+
+    register_skyrl_plugin(Commands())
+    assert skyrl_cli("hello").output.strip() == "hello from a plugin"
