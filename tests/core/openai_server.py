@@ -82,7 +82,7 @@ class OpenAIServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def url(self) -> str:
@@ -163,7 +163,7 @@ class OpenAIServer:
             as_ids = self.token_ids and body.get("return_tokens_as_token_ids")
             tokens = [f"token_id:{i}" if as_ids else self.tokenizer.decode([i]) for i in ids]
             choice["logprobs"] = {"tokens": tokens, "token_logprobs": logprobs,
-                                  "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs)]}
+                                  "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=True)]}
         return _json(200, {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "model": body["model"],
                            "choices": [choice], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}})
 

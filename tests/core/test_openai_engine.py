@@ -11,11 +11,16 @@ from typing import Any
 
 import pytest
 from openai_server import Completion, Fault, OpenAIServer, error_fault, unused_port
-
 from skyrl_core.chat import ChatRenderer
 from skyrl_core.engine import EngineError, InferenceEngine, SamplingParams
-from skyrl_core.engines.openai import (OpenAIEngine, OpenAIEngineConfig, OpenAIEngineError, OpenAIStatusError,
-                                       OpenAITimeoutError, WeightSyncUnsupportedError)
+from skyrl_core.engines.openai import (
+    OpenAIEngine,
+    OpenAIEngineConfig,
+    OpenAIEngineError,
+    OpenAIStatusError,
+    OpenAITimeoutError,
+    WeightSyncUnsupportedError,
+)
 from skyrl_core.factory import ConfigError, component_config
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.plugins import get_registry
