@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 Message = dict[str, str]
+_CACHE_SIZE = 4096
 _BASE: list[Message] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
 
 
@@ -27,11 +28,16 @@ class ChatTokenizer(Protocol):
 
 
 def render_ids(tokenizer: ChatTokenizer, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
-    """``apply_chat_template`` as a plain list of ids, whatever the transformers version returns."""
-    out = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=add_generation_prompt)
-    if hasattr(out, "keys") and "input_ids" in out:
-        out = out["input_ids"]
-    return [int(i) for i in out]
+    """The chat template's token ids for ``messages`` (as ``apply_chat_template(tokenize=True)``).
+
+    Renders the text and encodes it with the fast backend tokenizer directly when there is one,
+    which skips most of the Python overhead of ``tokenizer(...)``.
+    """
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
 
 
 class ChatRenderer:
@@ -49,15 +55,27 @@ class ChatRenderer:
         last = len(self.base_ids) - 1 - self.base_ids[::-1].index(eot)
         # What the template puts after the end-of-turn token (ChatML: "\n"; Llama 3: nothing).
         self.turn_trailer = self.base_ids[last + 1:]
+        # Observations repeat a lot (format errors, "ok"); rendering is the generator's main cost.
+        self._suffix_cache: dict[tuple[tuple[str, str], ...], list[int]] = {}
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         return render_ids(self.tokenizer, messages, add_generation_prompt=True)
 
     def observation_ids(self, observation: Sequence[Message], ended_with_end_of_turn: bool) -> list[int]:
         """Ids to append after a generated turn so the next generation starts a new assistant turn."""
+        key = tuple((m["role"], m["content"]) for m in observation)
+        suffix = self._suffix_cache.get(key)
+        if suffix is None:
+            suffix = self._observation_suffix(observation)
+            if len(self._suffix_cache) >= _CACHE_SIZE:
+                self._suffix_cache.pop(next(iter(self._suffix_cache)))
+            self._suffix_cache[key] = suffix
+        closing = [] if ended_with_end_of_turn else [self.end_of_turn_id]
+        return closing + self.turn_trailer + suffix
+
+    def _observation_suffix(self, observation: Sequence[Message]) -> list[int]:
         full = render_ids(self.tokenizer, [*_BASE, *observation], add_generation_prompt=True)
         if full[: len(self.base_ids)] != self.base_ids:
             raise ValueError("the chat template renders earlier turns differently once new messages follow; "
                              "token-in-token-out rollouts need a template that only appends")
-        closing = [] if ended_with_end_of_turn else [self.end_of_turn_id]
-        return closing + self.turn_trailer + full[len(self.base_ids):]
+        return full[len(self.base_ids):]
