@@ -1,0 +1,156 @@
+"""Run one query on a read-only SQLite or DuckDB connection with a time limit and row/size caps.
+
+This module runs inside the sandbox process (:mod:`skyrl_sql.worker`); the trainer process never
+executes model-written SQL itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from skyrl_sql.guard import READ_ONLY_HINT, SQLiteGuard, duckdb_refusal
+from skyrl_sql.result import QueryRequest, QueryResult
+
+_PROGRESS_EVERY = 5_000  # SQLite VM instructions between deadline checks
+
+
+def execute(conn: Any, request: QueryRequest) -> QueryResult:
+    """Run ``request.sql`` on a connection made by :func:`connect`."""
+    if request.engine == "sqlite":
+        return _sqlite_execute(conn, request)
+    return _duckdb_execute(conn, request)
+
+
+def connect(engine: str, db_path: str, max_bytes: int) -> Any:
+    if not Path(db_path).is_file():
+        raise FileNotFoundError(f"database file {db_path} does not exist")
+    if engine == "sqlite":
+        return _sqlite_connect(db_path, max_bytes)
+    if engine == "duckdb":
+        return _duckdb_connect(db_path)
+    raise ValueError(f"unknown engine {engine!r}; use 'sqlite' or 'duckdb'")
+
+
+# -- SQLite ---------------------------------------------------------------------------------------
+
+
+def _sqlite_connect(db_path: str, max_bytes: int) -> sqlite3.Connection:
+    conn = sqlite3.connect(f"file:{quote(db_path)}?mode=ro", uri=True, isolation_level=None,
+                           check_same_thread=False)
+    conn.execute("PRAGMA query_only = ON")
+    conn.execute("PRAGMA trusted_schema = OFF")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(max_bytes, 1_000))
+    conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
+    return conn
+
+
+def _sqlite_execute(conn: sqlite3.Connection, request: QueryRequest) -> QueryResult:
+    guard = SQLiteGuard()
+    deadline = time.monotonic() + request.timeout_s
+    conn.set_authorizer(guard)
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_EVERY)
+    try:
+        cursor = conn.execute(request.sql)
+        columns = [d[0] for d in cursor.description or ()]
+        return _fetch(cursor, columns, request, deadline)
+    except sqlite3.Error as exc:
+        if guard.refusal is not None:
+            return QueryResult("refused", message=f"Refused: {guard.refusal} {READ_ONLY_HINT}")
+        if time.monotonic() > deadline and "interrupt" in str(exc).lower():
+            return _timeout(request)
+        return QueryResult("error", message=f"{exc}")
+    finally:
+        conn.set_progress_handler(None, 0)
+        conn.set_authorizer(None)
+        if conn.in_transaction:
+            conn.rollback()
+
+
+# -- DuckDB ---------------------------------------------------------------------------------------
+
+
+def _duckdb_connect(db_path: str) -> Any:
+    import duckdb
+
+    return duckdb.connect(db_path, read_only=True, config={
+        "enable_external_access": False, "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False, "threads": 1, "lock_configuration": True,
+    })
+
+
+def _duckdb_execute(conn: Any, request: QueryRequest) -> QueryResult:
+    import duckdb
+
+    try:
+        statements = conn.extract_statements(request.sql)
+    except duckdb.Error as exc:
+        return QueryResult("error", message=str(exc))
+    if len(statements) != 1:
+        return QueryResult("error", message=f"write exactly one statement per query, got {len(statements)}.")
+    refusal = duckdb_refusal(statements[0].type.name, request.sql)
+    if refusal is not None:
+        return QueryResult("refused", message=f"Refused: {refusal} {READ_ONLY_HINT}")
+    deadline = time.monotonic() + request.timeout_s
+    timer = threading.Timer(request.timeout_s, conn.interrupt)
+    timer.start()
+    try:
+        cursor = conn.execute(request.sql)
+        columns = [d[0] for d in cursor.description or ()]
+        return _fetch(cursor, columns, request, deadline)
+    except duckdb.InterruptException:
+        return _timeout(request)
+    except duckdb.Error as exc:
+        return QueryResult("error", message=str(exc))
+    finally:
+        timer.cancel()
+
+
+# -- shared ---------------------------------------------------------------------------------------
+
+
+def _fetch(cursor: Any, columns: list[str], request: QueryRequest, deadline: float) -> QueryResult:
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    while True:
+        batch = cursor.fetchmany(min(256, request.max_rows + 1 - len(rows)))
+        if not batch:
+            return QueryResult("ok", columns, rows)
+        for raw in batch:
+            row = tuple(jsonable(v) for v in raw)
+            size += sum(len(str(v)) + 8 for v in row)
+            if size > request.max_bytes:
+                return QueryResult("ok", columns, rows, cut="bytes")
+            if len(rows) == request.max_rows:
+                return QueryResult("ok", columns, rows, cut="rows")
+            rows.append(row)
+        if time.monotonic() > deadline:
+            return _timeout(request)
+
+
+def _timeout(request: QueryRequest) -> QueryResult:
+    return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s and was stopped.")
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-safe stand-in for a database value (numbers stay numbers)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "x'" + bytes(value).hex() + "'"
+    if isinstance(value, (datetime.date, datetime.time, datetime.datetime)):
+        return value.isoformat(sep=" ") if isinstance(value, datetime.datetime) else value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return str(value)

@@ -1,0 +1,165 @@
+"""Parent side of the query sandbox: a small pool of worker processes shared by all envs.
+
+Each query goes to an idle worker over a pipe. A worker that does not answer within the query's
+time limit plus a grace period, or that dies (memory limit, crash), is killed and replaced; the
+caller gets a ``timeout``/``crashed`` result, never a hung or dead trainer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from skyrl_sql.result import QueryRequest, QueryResult
+
+GRACE_S = 2.0  # the worker stops its own queries; this is the backstop when it cannot
+START_TIMEOUT_S = 30.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (cannot start, cannot open the database): not the model's fault."""
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    kind: Literal["process", "bwrap"] = "process"
+    memory_mb: int = 2048
+    workers: int = 4
+
+    def command(self) -> list[str]:
+        python = [sys.executable, "-m", "skyrl_sql.worker", "--memory-mb", str(self.memory_mb)]
+        if self.kind == "process":
+            return python
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise SandboxError("sandbox='bwrap' needs bubblewrap (apt-get install bubblewrap); "
+                               "or set env.sandbox=process")
+        return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--unshare-all", "--die-with-parent", "--new-session", *python]
+
+
+class Worker:
+    """One sandbox process and its pipes."""
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen(settings.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        env=env, close_fds=True)
+        self._buffer = b""
+        ready = self._read_line(time.monotonic() + START_TIMEOUT_S)
+        if ready is None or not json.loads(ready).get("ready"):
+            self.kill()
+            raise SandboxError(f"SQL sandbox process failed to start (exit code {self.process.poll()}); "
+                               f"command: {' '.join(settings.command())}")
+
+    def call(self, request: QueryRequest) -> QueryResult:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write((json.dumps(request.to_json()) + "\n").encode())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            return self._crashed()
+        line = self._read_line(time.monotonic() + request.timeout_s + GRACE_S)
+        if line is None:
+            if self.process.poll() is None:
+                self.kill()
+                return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s "
+                                                      f"and was stopped.")
+            return self._crashed()
+        reply = json.loads(line)
+        if "infra_error" in reply:
+            raise SandboxError(reply["infra_error"])
+        return QueryResult.from_json(reply)
+
+    def _crashed(self) -> QueryResult:
+        self.kill()
+        return QueryResult("crashed", message="the query crashed the database process (out of memory?) "
+                                              "and was stopped.")
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """One reply line, or ``None`` if the deadline passes or the process closes its output."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+class QueryRunner:
+    """Runs queries on a pool of at most ``settings.workers`` sandbox processes, started lazily."""
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        self.settings = settings
+        self._slots: queue.Queue[Worker | None] = queue.Queue()
+        for _ in range(settings.workers):
+            self._slots.put(None)
+        self._all: list[Worker] = []
+        self._lock = threading.Lock()
+
+    def run(self, request: QueryRequest) -> QueryResult:
+        worker = self._slots.get()
+        try:
+            if worker is None or not worker.alive:
+                worker = Worker(self.settings)
+                with self._lock:
+                    self._all = [w for w in self._all if w.alive] + [worker]
+            result = worker.call(request)
+            if not worker.alive:
+                worker = None
+            return result
+        finally:
+            self._slots.put(worker)
+
+    def close(self) -> None:
+        with self._lock:
+            for worker in self._all:
+                worker.kill()
+            self._all.clear()
+
+
+_RUNNERS: dict[SandboxSettings, QueryRunner] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+def get_runner(settings: SandboxSettings) -> QueryRunner:
+    """The process-wide runner for these settings (envs are cheap; sandbox processes are shared)."""
+    with _RUNNERS_LOCK:
+        runner = _RUNNERS.get(settings)
+        if runner is None:
+            runner = _RUNNERS[settings] = QueryRunner(settings)
+        return runner
+
+
+@atexit.register
+def _close_all() -> None:
+    for runner in _RUNNERS.values():
+        runner.close()
