@@ -1,0 +1,46 @@
+"""Configuration of the REPL sandbox: isolation backend and every resource limit."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SandboxConfig(BaseModel):
+    """Limits and isolation of one sandbox worker process. Defaults are safe for untrusted code."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["auto", "bwrap", "subprocess"] = Field(
+        "auto", description="'bwrap': bubblewrap namespaces (no network, private /tmp, read-only system files); "
+        "'subprocess': a resource-limited child process with a clean environment (weaker: relies on an in-process "
+        "policy for files and network); 'auto': bwrap when it is installed and works here, else subprocess.")
+    exec_timeout_s: float = Field(
+        10.0, gt=0, description="Wall-clock limit of one execute(), enforced from outside: the worker is killed and "
+        "restarted (its variables are lost, and the result says so). Time spent waiting for the handler of an "
+        "llm_query/rlm_query request does not count.")
+    cpu_time_s: int = Field(60, ge=1, description="CPU seconds the worker may use in its lifetime (RLIMIT_CPU).")
+    memory_mb: int = Field(1024, ge=64, description="Address-space limit of the worker (RLIMIT_AS).")
+    max_processes: int = Field(
+        32, ge=1, description="RLIMIT_NPROC (processes and threads). Per sandbox with bwrap (own user namespace); "
+        "with the subprocess backend the kernel counts every process of the user, and root is exempt.")
+    max_open_files: int = Field(256, ge=16, description="Open file descriptors of the worker (RLIMIT_NOFILE).")
+    max_file_size_mb: int = Field(16, ge=1, description="Largest file the worker may write (RLIMIT_FSIZE).")
+    max_output_chars: int = Field(
+        20_000, ge=100, description="stdout+stderr kept per execute(); the rest is cut and a note says how many "
+        "characters were cut.")
+    tmp_size_mb: int = Field(64, ge=1, description="Size of the private writable /tmp (bwrap backend: a tmpfs).")
+    max_message_mb: int = Field(
+        32, ge=1, description="Largest message accepted from the worker (results, sub-call requests); a bigger one "
+        "is a protocol violation: the worker is killed and restarted.")
+    rpc_timeout_s: float = Field(600.0, gt=0, description="Longest wait for the handler of one sub-call request.")
+    start_timeout_s: float = Field(30.0, gt=0, description="Longest wait for a new worker to start and load the "
+                                                            "context and scaffold.")
+    pool_size: int = Field(2, ge=0, description="Workers kept pre-started so that creating a sandbox is fast "
+                                                "(0: start each on demand).")
+    allow_subprocesses: bool = Field(
+        False, description="Let model code start processes (fork/exec/subprocess/os.system). Off: such calls raise "
+        "PermissionError. Either way max_processes and the backend's isolation apply.")
+    echo_last_expression: bool = Field(True, description="Print the repr of a trailing bare expression, as an "
+                                                         "interactive interpreter does.")

@@ -1,0 +1,130 @@
+"""How a worker process is started: the bubblewrap or plain-subprocess command line.
+
+Both run the standard-library-only ``worker`` package with the base interpreter in isolated mode
+(``-I -S``: no environment variables, no site-packages), a clean environment and a private
+temp folder. bubblewrap adds namespaces: no network, its own PID space, a tmpfs /tmp, and a root
+file system holding only read-only system libraries, the Python standard library and the worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .result import SandboxError
+
+log = logging.getLogger(__name__)
+
+WORKER_PACKAGE = Path(__file__).resolve().parent / "worker"
+BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from worker.main import main; sys.exit(main(sys.argv[2]))"
+_INSIDE_LIB = "/skyrl/lib"
+_INSIDE_INBOX = "/skyrl/inbox"
+_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A worker command line plus the paths the worker sees (which differ from the host's under bwrap)."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    inside_tmp: str
+    inside_inbox: str
+    inside_read_roots: tuple[str, ...]
+
+
+def python_executable() -> str:
+    """The base interpreter (not a venv's wrapper), so the worker gets no site-packages."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def clean_env(tmp_dir: str) -> dict[str, str]:
+    """The worker's whole environment: nothing from the parent (no API keys, no tokens)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": tmp_dir, "TMPDIR": tmp_dir, "LANG": "C.UTF-8"}
+
+
+def _python_args(lib_dir: str, spawn: dict) -> list[str]:
+    return [python_executable(), "-I", "-S", "-B", "-X", "utf8", "-c", BOOTSTRAP, lib_dir, json.dumps(spawn)]
+
+
+def plan_subprocess(host_dir: Path, max_message_bytes: int) -> LaunchPlan:
+    tmp, inbox = str(host_dir / "tmp"), str(host_dir / "inbox")
+    spawn = {"max_message_bytes": max_message_bytes, "expected_parent_pid": os.getpid()}
+    return LaunchPlan(argv=_python_args(str(WORKER_PACKAGE.parent), spawn), cwd=tmp, env=clean_env(tmp),
+                      inside_tmp=tmp, inside_inbox=inbox, inside_read_roots=(str(WORKER_PACKAGE), inbox))
+
+
+def plan_bwrap(host_dir: Path, max_message_bytes: int, tmp_size_mb: int) -> LaunchPlan:
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr"]
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    prefix = os.path.realpath(sys.base_prefix)
+    if not prefix.startswith("/usr/"):
+        argv += ["--ro-bind", prefix, prefix]
+    site_packages = os.path.join(os.path.dirname(os.__file__), "site-packages")
+    if os.path.isdir(site_packages):
+        argv += ["--tmpfs", site_packages]  # hide the base install's third-party packages
+    argv += ["--ro-bind", str(WORKER_PACKAGE), f"{_INSIDE_LIB}/worker",
+             "--ro-bind", str(host_dir / "inbox"), _INSIDE_INBOX,
+             "--proc", "/proc", "--dev", "/dev",
+             "--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp", "--"]
+    spawn = {"max_message_bytes": max_message_bytes, "expected_parent_pid": None}
+    return LaunchPlan(argv=argv + _python_args(_INSIDE_LIB, spawn), cwd=str(host_dir), env=clean_env("/tmp"),
+                      inside_tmp="/tmp", inside_inbox=_INSIDE_INBOX,
+                      inside_read_roots=(f"{_INSIDE_LIB}/worker", _INSIDE_INBOX))
+
+
+def make_host_dir() -> Path:
+    """A private folder per worker: ``inbox/`` (parent writes, worker reads) and ``tmp/``."""
+    host_dir = Path(tempfile.mkdtemp(prefix="skyrl-sandbox-"))
+    (host_dir / "inbox").mkdir()
+    (host_dir / "tmp").mkdir()
+    return host_dir
+
+
+@functools.lru_cache(maxsize=None)
+def bwrap_problem() -> str | None:
+    """None when bubblewrap can start the interpreter here; else why not (cached per process)."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    host_dir = make_host_dir()
+    try:
+        plan = plan_bwrap(host_dir, 1024, 1)
+        argv = plan.argv[: plan.argv.index("--") + 1] + [python_executable(), "-I", "-S", "-c", "print('ok')"]
+        done = subprocess.run(argv, cwd=plan.cwd, env=plan.env, capture_output=True, timeout=30)
+        if done.returncode != 0 or done.stdout.strip() != b"ok":
+            return f"bwrap failed (exit {done.returncode}): {done.stderr.decode(errors='replace').strip()[-500:]}"
+        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap failed: {exc}"
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def resolve_backend(requested: str) -> str:
+    """The backend to use for ``requested`` ('auto' picks bwrap when it works)."""
+    if requested == "subprocess":
+        return "subprocess"
+    problem = bwrap_problem()
+    if problem is None:
+        return "bwrap"
+    if requested == "bwrap":
+        raise SandboxError(f"sandbox backend 'bwrap' is not usable here: {problem}. "
+                           "Install bubblewrap or set backend to 'auto' or 'subprocess'.")
+    log.warning("sandbox: %s; falling back to the weaker 'subprocess' backend", problem)
+    return "subprocess"

@@ -1,0 +1,122 @@
+"""One worker process: started (synchronously) by the pool, then driven from an asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import weakref
+from pathlib import Path
+from typing import Any
+
+from . import protocol
+from .launch import LaunchPlan
+
+
+class WorkerProcess:
+    """A started worker, its private host folder, and (once attached to a loop) its channel."""
+
+    def __init__(self, backend: str, plan: LaunchPlan, host_dir: Path, max_message_bytes: int) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.host_dir = host_dir
+        self.max_message_bytes = max_message_bytes
+        with open(host_dir / "stderr.log", "wb") as stderr:
+            self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+        # Runs on close(), on garbage collection and at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _kill_and_remove, self.popen, host_dir)
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.WriteTransport | None = None
+        self._read_transport: asyncio.ReadTransport | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    async def attach(self) -> None:
+        """Connect the pipes to the running loop and wait for the worker's ``ready`` message."""
+        loop = asyncio.get_running_loop()
+        self._reader = asyncio.StreamReader(limit=2**20)
+        self._read_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(self._reader), self.popen.stdout)
+        self._writer, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, self.popen.stdin)
+        protocol.expect(await self.receive(), "ready")
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise protocol.WorkerGone("the worker's channel is closed")
+        self._writer.write(protocol.encode(message))
+
+    async def receive(self) -> dict[str, Any]:
+        assert self._reader is not None, "attach() first"
+        return await protocol.read_message(self._reader, self.max_message_bytes)
+
+    def write_inbox(self, name: str, data: bytes) -> str:
+        """Put a file where the worker can read it; returns its path as the worker sees it."""
+        (self.host_dir / "inbox" / name).write_bytes(data)
+        return f"{self.plan.inside_inbox}/{name}"
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group (idempotent); reap with :meth:`wait`."""
+        for transport in (self._read_transport, self._writer):
+            if transport is not None:
+                transport.close()
+        _kill_group(self.popen)
+
+    def discard(self) -> None:
+        """Kill, reap and remove the host folder, blocking (for idle workers never attached)."""
+        self._finalizer()
+
+    async def wait(self) -> int:
+        """Kill if needed, reap, remove the host folder; returns the exit status."""
+        self.kill()
+        status = await asyncio.to_thread(self.popen.wait)
+        self._finalizer()
+        return status
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        try:
+            data = (self.host_dir / "stderr.log").read_bytes()[-limit:]
+        except OSError:
+            return ""
+        return data.decode("utf-8", "replace").strip()
+
+    def describe_exit(self, status: int | None) -> str:
+        """Why the worker ended, in words (bwrap reports a signal death as 128 + signal number)."""
+        if status is None:
+            return "is no longer responding"
+        number = -status if status < 0 else status - 128 if self.backend == "bwrap" and status > 128 else 0
+        if number:
+            name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
+            reason = {"SIGXCPU": " (CPU time limit reached)", "SIGKILL": " (killed)",
+                      "SIGSEGV": " (crashed)"}.get(name, "")
+            return f"was terminated by {name}{reason}"
+        return f"exited with status {status}"
+
+
+def _kill_group(popen: subprocess.Popen) -> None:
+    if popen.returncode is not None:
+        return
+    for kill in (lambda: os.killpg(popen.pid, signal.SIGKILL), popen.kill):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_and_remove(popen: subprocess.Popen, host_dir: Path) -> None:
+    _kill_group(popen)
+    try:
+        popen.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (popen.stdin, popen.stdout):
+        if stream is not None and not stream.closed:
+            try:
+                stream.close()
+            except OSError:
+                pass
+    shutil.rmtree(host_dir, ignore_errors=True)

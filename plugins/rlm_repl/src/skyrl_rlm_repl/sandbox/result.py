@@ -1,0 +1,27 @@
+"""What one execute() returns, and the error raised when the sandbox itself fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SandboxError(RuntimeError):
+    """The sandbox infrastructure failed (worker would not start, scaffold raised, sandbox closed).
+
+    Problems caused by model code (exceptions, limits, timeouts) are never raised: they are reported
+    in :class:`ExecResult`.
+    """
+
+
+@dataclass
+class ExecResult:
+    """Outcome of running one block of model code."""
+
+    stdout: str
+    stderr: str
+    error: str | None  # formatted exception from model code, or a limit / restart message
+    timed_out: bool
+    truncated_chars: int  # characters of stdout+stderr cut beyond SandboxConfig.max_output_chars
+    final_answer: str | None  # set when the code called FINAL(x) or FINAL_VAR(name)
+    duration_s: float
+    sandbox_restarted: bool  # the worker was replaced: every variable of earlier executes is gone

@@ -1,0 +1,228 @@
+"""The sandboxed persistent REPL: one worker process per episode, driven asynchronously."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from . import protocol
+from .config import SandboxConfig
+from .pool import SandboxPool
+from .process import WorkerProcess
+from .result import ExecResult, SandboxError
+
+RequestHandler = Callable[[str, dict], Awaitable[Any]]
+DEFAULT_RPC_METHODS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
+_RESTART_NOTE = ("The sandbox was restarted: every variable from earlier code blocks is lost "
+                 "(context and the tools are available again).")
+_MAX_ERROR_CHARS = 10_000
+
+
+class Sandbox:
+    """Runs model code in an isolated worker; the namespace persists across :meth:`execute` calls.
+
+    Create with ``await Sandbox.create(config, context=..., handler=...)``. Calls of the
+    ``rpc_methods`` stubs inside the worker arrive at ``handler(method, params)``; for the four
+    standard methods ``params`` holds the named arguments (``prompt``/``prompts``, ``context``/
+    ``context_list``, ``model``), for others ``{"args": [...], **kwargs}``. The handler's result
+    (JSON data) is what the stub returns; if the handler raises, the stub raises RuntimeError.
+    """
+
+    backend: str
+
+    def __init__(self, config: SandboxConfig, pool: SandboxPool, context_json: bytes | None, scaffold_code: str,
+                 rpc_methods: Sequence[str], handler: RequestHandler | None) -> None:
+        self.config = config
+        self.backend = pool.backend
+        self._pool = pool
+        self._context_json = context_json
+        self._scaffold_code = scaffold_code
+        self._rpc_methods = tuple(rpc_methods)
+        self._handler = handler
+        self._worker: WorkerProcess | None = None
+        self._lock = asyncio.Lock()
+        self._seq = 0
+        self._closed = False
+        self._lost_state = False
+
+    @classmethod
+    async def create(cls, config: SandboxConfig, *, context: Any = None, scaffold_code: str = "",
+                     rpc_methods: Sequence[str] = DEFAULT_RPC_METHODS, handler: RequestHandler | None = None,
+                     pool: SandboxPool | None = None) -> Sandbox:
+        """Start (or take from the pool) a worker holding ``context``, the scaffold and the stubs."""
+        for name in rpc_methods:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise SandboxError(f"rpc method name {name!r} is not a Python identifier")
+        try:
+            context_json = None if context is None else json.dumps(context).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise SandboxError(f"context must be JSON data (str, list, dict, numbers): {exc}") from None
+        if pool is None:
+            pool = await asyncio.to_thread(SandboxPool.shared, config)
+        sandbox = cls(config, pool, context_json, scaffold_code, rpc_methods, handler)
+        await sandbox._start()
+        return sandbox
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def execute(self, code: str) -> ExecResult:
+        """Run ``code``; problems caused by the code come back in the result, never as exceptions."""
+        if self._closed:
+            raise SandboxError("execute() on a closed sandbox")
+        async with self._lock:
+            started = time.monotonic()
+            restarted = self._lost_state
+            if self._lost_state:
+                await self._start()
+            result = await self._execute(code, started)
+            result.sandbox_restarted = result.sandbox_restarted or restarted
+            return result
+
+    async def close(self) -> None:
+        """Kill the worker and remove its files. Idempotent."""
+        self._closed = True
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.wait()
+
+    # --- internals ------------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        self._lost_state = True
+        worker = await self._pool.acquire()
+        self._worker = worker
+        try:
+            await asyncio.wait_for(self._initialise(worker), self.config.start_timeout_s)
+        except asyncio.TimeoutError:
+            await self._abandon(worker)
+            raise SandboxError(f"the sandbox worker did not start within {self.config.start_timeout_s} s "
+                               f"({self.backend}); stderr: {worker.stderr_tail() or '(empty)'}") from None
+        except (protocol.WorkerGone, protocol.ProtocolViolation, OSError) as exc:
+            status = await self._abandon(worker)
+            raise SandboxError(f"the sandbox worker {worker.describe_exit(status)} while starting ({exc}); "
+                               f"stderr: {worker.stderr_tail() or '(empty)'}") from None
+        self._lost_state = False
+
+    async def _initialise(self, worker: WorkerProcess) -> None:
+        await worker.attach()
+        config = self.config
+        context_path = None if self._context_json is None else worker.write_inbox("context.json",
+                                                                                   self._context_json)
+        worker.send({
+            "op": "init",
+            "limits": {"cpu_time_s": config.cpu_time_s, "memory_bytes": config.memory_mb * 2**20,
+                       "max_processes": config.max_processes, "max_open_files": config.max_open_files,
+                       "max_file_size_bytes": config.max_file_size_mb * 2**20},
+            "context_path": context_path, "scaffold_code": self._scaffold_code,
+            "rpc_methods": list(self._rpc_methods), "tmp_dir": worker.plan.inside_tmp,
+            "read_roots": list(worker.plan.inside_read_roots), "allow_subprocesses": config.allow_subprocesses,
+            "max_output_chars": config.max_output_chars, "echo_last_expression": config.echo_last_expression,
+        })
+        reply = await worker.receive()
+        protocol.expect(reply, "init_done")
+        error = protocol.text_field(reply, "error", _MAX_ERROR_CHARS)
+        if error is not None:
+            raise SandboxError(f"the sandbox scaffold failed to load:\n{error}")
+
+    async def _abandon(self, worker: WorkerProcess) -> int | None:
+        if self._worker is worker:
+            self._worker = None
+        try:
+            return await asyncio.wait_for(worker.wait(), 10)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _execute(self, code: str, started: float) -> ExecResult:
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        if len(code.encode("utf-8", "replace")) > self._pool_max_bytes:
+            return _failure(f"the code block is too large ({len(code):,} characters)", started)
+        worker = self._worker
+        assert worker is not None
+        self._seq += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.exec_timeout_s
+        try:
+            worker.send({"op": "exec", "seq": self._seq, "code": code})
+            while True:
+                message = await asyncio.wait_for(worker.receive(), max(deadline - loop.time(), 0))
+                if message["op"] == "result":
+                    return self._read_result(message, started)
+                protocol.expect(message, "rpc")
+                waited_from = loop.time()
+                worker.send(await self._answer_request(message))
+                deadline += loop.time() - waited_from  # time waiting for the handler is not the code's
+        except asyncio.TimeoutError:
+            reason = (f"Execution exceeded the {self.config.exec_timeout_s:g} s time limit and was stopped.")
+            return await self._restart_after(worker, reason, started, timed_out=True)
+        except protocol.WorkerGone:
+            status = await self._abandon(worker)
+            reason = f"The sandbox worker {worker.describe_exit(status)} while running this code."
+            return await self._restart_after(worker, reason, started)
+        except protocol.ProtocolViolation as exc:
+            reason = f"The sandbox worker broke the protocol ({exc}) and was stopped."
+            return await self._restart_after(worker, reason, started)
+        except asyncio.CancelledError:
+            worker.kill()
+            self._lost_state = True
+            raise
+
+    @property
+    def _pool_max_bytes(self) -> int:
+        return self.config.max_message_mb * 2**20
+
+    def _read_result(self, message: dict, started: float) -> ExecResult:
+        if protocol.int_field(message, "seq") != self._seq:
+            raise protocol.ProtocolViolation("a result for another execution")
+        limit = self.config.max_output_chars + 200
+        return ExecResult(
+            stdout=protocol.text_field(message, "stdout", limit, optional=False),
+            stderr=protocol.text_field(message, "stderr", limit, optional=False),
+            error=protocol.text_field(message, "error", _MAX_ERROR_CHARS),
+            timed_out=False,
+            truncated_chars=protocol.int_field(message, "truncated_chars"),
+            final_answer=protocol.text_field(message, "final_answer", self._pool_max_bytes),
+            duration_s=time.monotonic() - started,
+            sandbox_restarted=False,
+        )
+
+    async def _answer_request(self, message: dict) -> dict:
+        request_id = protocol.int_field(message, "id")
+        method, params = message.get("method"), message.get("params")
+        if not isinstance(method, str) or not isinstance(params, dict):
+            raise protocol.ProtocolViolation("a request without a method name and params object")
+        reply: dict[str, Any] = {"op": "rpc_result", "id": request_id, "value": None, "error": None}
+        if method not in self._rpc_methods:
+            reply["error"] = f"unknown method {method[:100]!r}"
+        elif self._handler is None:
+            reply["error"] = f"{method} is not available in this sandbox (no handler)"
+        else:
+            try:
+                value = await asyncio.wait_for(self._handler(method, params), self.config.rpc_timeout_s)
+                json.dumps(value)
+                reply["value"] = value
+            except asyncio.TimeoutError:
+                reply["error"] = f"no answer within {self.config.rpc_timeout_s:g} s"
+            except Exception as exc:  # the handler's failure is reported to the model code, not raised here
+                reply["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        return reply
+
+    async def _restart_after(self, worker: WorkerProcess, reason: str, started: float,
+                             timed_out: bool = False) -> ExecResult:
+        await self._abandon(worker)
+        await self._start()
+        result = _failure(f"{reason} {_RESTART_NOTE}", started, timed_out=timed_out)
+        result.sandbox_restarted = True
+        return result
+
+
+def _failure(error: str, started: float, timed_out: bool = False) -> ExecResult:
+    return ExecResult(stdout="", stderr="", error=error, timed_out=timed_out, truncated_chars=0, final_answer=None,
+                      duration_s=time.monotonic() - started, sandbox_restarted=False)

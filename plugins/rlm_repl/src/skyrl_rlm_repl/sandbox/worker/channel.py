@@ -1,0 +1,44 @@
+"""Length-prefixed JSON frames over the worker's two pipe ends (worker side)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+
+HEADER = struct.Struct(">I")
+
+
+class Channel:
+    """Blocking send/receive of JSON messages; a lock keeps request/reply pairs from threads intact."""
+
+    def __init__(self, read_fd: int, write_fd: int, max_message_bytes: int) -> None:
+        self._read_fd = read_fd
+        self._write_fd = write_fd
+        self.max_message_bytes = max_message_bytes
+        self.lock = threading.RLock()
+
+    def send(self, message: dict) -> None:
+        payload = json.dumps(message).encode("ascii")  # ASCII escapes: valid even with lone surrogates
+        if len(payload) > self.max_message_bytes:
+            raise ValueError(f"message of {len(payload):,} bytes exceeds the sandbox limit of "
+                             f"{self.max_message_bytes:,} bytes")
+        data = memoryview(HEADER.pack(len(payload)) + payload)
+        while data:
+            written = os.write(self._write_fd, data)
+            data = data[written:]
+
+    def receive(self) -> dict:
+        (size,) = HEADER.unpack(self._read_exactly(HEADER.size))
+        return json.loads(self._read_exactly(size).decode("utf-8"))
+
+    def _read_exactly(self, size: int) -> bytes:
+        chunks = []
+        while size:
+            chunk = os.read(self._read_fd, min(size, 1 << 20))
+            if not chunk:
+                raise EOFError("the parent closed the channel")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)

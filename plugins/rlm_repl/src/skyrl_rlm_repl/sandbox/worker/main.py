@@ -1,0 +1,125 @@
+"""Worker entry point: start up trusted, lock down, then serve execute requests until EOF.
+
+Order matters: the parent-death signal, resource limits and the context are set up before the
+audit policy is installed; from then on nothing the model runs can undo them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+import traceback
+from typing import Any
+
+from .channel import Channel
+from .frozen import freeze
+from .policy import SandboxPolicy
+from .repl import Repl
+
+_LIMITS = {
+    "cpu_time_s": resource.RLIMIT_CPU,
+    "memory_bytes": resource.RLIMIT_AS,
+    "max_processes": resource.RLIMIT_NPROC,
+    "max_open_files": resource.RLIMIT_NOFILE,
+    "max_file_size_bytes": resource.RLIMIT_FSIZE,
+}
+
+
+def main(spawn_json: str) -> int:
+    spawn = json.loads(spawn_json)
+    channel = Channel(os.dup(0), os.dup(1), spawn["max_message_bytes"])
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)  # stray writes to fd 1 must never look like protocol frames
+    _die_with_parent(spawn.get("expected_parent_pid"))
+    channel.send({"op": "ready", "pid": os.getpid()})
+    try:
+        init = channel.receive()
+    except EOFError:
+        return 0
+    try:
+        repl = _initialise(init, channel)
+    except BaseException as exc:  # noqa: B036 - report anything, including SystemExit from the scaffold
+        channel.send({"op": "init_done", "error": "".join(traceback.format_exception(exc))[-8000:]})
+        return 1
+    channel.send({"op": "init_done", "error": None})
+    return _serve(repl, channel)
+
+
+def _initialise(init: dict, channel: Channel) -> Repl:
+    _apply_limits(init["limits"])
+    context = None
+    if init.get("context_path"):
+        with open(init["context_path"], encoding="utf-8") as handle:
+            context = freeze(json.load(handle))
+    stdlib = os.path.dirname(os.__file__)
+    SandboxPolicy(read_roots=[stdlib, *init["read_roots"]], write_roots=[init["tmp_dir"]],
+                  denied_roots=[os.path.join(stdlib, "site-packages")],
+                  allow_subprocesses=init["allow_subprocesses"]).install()
+    os.chdir(init["tmp_dir"])
+    requests = _RequestSender(channel)
+    repl = Repl(context, init["rpc_methods"], requests.send, max_output_chars=init["max_output_chars"],
+                max_answer_chars=channel.max_message_bytes // 8, echo_last_expression=init["echo_last_expression"])
+    repl.run_scaffold(init["scaffold_code"])
+    return repl
+
+
+def _serve(repl: Repl, channel: Channel) -> int:
+    while True:
+        try:
+            message = channel.receive()
+        except EOFError:
+            return 0
+        if message.get("op") == "exec":
+            result = repl.execute(message["code"])
+            channel.send({"op": "result", "seq": message["seq"], **result})
+
+
+class _RequestSender:
+    """Sends one sub-call request to the parent and blocks until its answer arrives."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._next_id = 0
+
+    def send(self, method: str, params: dict) -> Any:
+        with self._channel.lock:
+            self._next_id += 1
+            request_id = self._next_id
+            self._channel.send({"op": "rpc", "id": request_id, "method": method, "params": params})
+            reply = self._channel.receive()
+        if reply.get("op") != "rpc_result" or reply.get("id") != request_id:
+            raise RuntimeError(f"{method}: the host sent an unexpected reply")
+        if reply.get("error") is not None:
+            raise RuntimeError(f"{method} failed: {reply['error']}")
+        return reply.get("value")
+
+
+def _apply_limits(limits: dict[str, int]) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for key, which in _LIMITS.items():
+        soft = limits[key]
+        # A second of grace before SIGKILL: the soft CPU limit only sends SIGXCPU, which code can ignore.
+        hard = soft + 1 if which == resource.RLIMIT_CPU else soft
+        _, current_hard = resource.getrlimit(which)
+        if current_hard != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current_hard), min(hard, current_hard)
+        resource.setrlimit(which, (soft, hard))
+
+
+def _die_with_parent(expected_parent_pid: int | None) -> None:
+    """Ask the kernel to SIGKILL this worker when its parent dies (Linux PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    except (ImportError, OSError, AttributeError):
+        pass
+    finally:
+        for name in ("ctypes", "_ctypes", "ctypes._endian"):
+            sys.modules.pop(name, None)
+    if expected_parent_pid is not None and os.getppid() != expected_parent_pid:
+        os._exit(1)  # the parent died before the signal was armed
