@@ -1,0 +1,234 @@
+"""``RLMReplEnv``: the model answers by running code in a sandboxed, persistent Python REPL.
+
+Each turn, the ```repl blocks of the response run in order (see :mod:`skyrl_rlm_repl.parser`);
+the observation is their output, cut to ``max_output_chars``. The episode ends when code calls
+``FINAL``/``FINAL_VAR``, when the response holds a text ``FINAL(...)`` line, or at the turn limit.
+The sandbox starts with the first code block and is closed by :meth:`close`.
+
+Sub-calls (``llm_query``, ``rlm_query`` ...) made by the code go to :attr:`subcall_handler`, which
+whoever runs the env injects; the default answers every call with an error string saying that
+sub-calls need the ``rlm_tree`` generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from skyrl_core import EnvConfig, StepResult, TextEnv
+from skyrl_rlm_repl.config import RLMReplConfig
+from skyrl_rlm_repl.evidence.dataset import load_tasks
+from skyrl_rlm_repl.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
+from skyrl_rlm_repl.parser import ParsedResponse, parse_response
+from skyrl_rlm_repl.prompts import system_prompt
+from skyrl_rlm_repl.rewards import score_answer
+from skyrl_rlm_repl.sandbox import ExecResult, Sandbox
+from skyrl_rlm_repl.subcalls import SUBCALL_METHODS, SubcallHandler, no_subcalls
+
+log = logging.getLogger(__name__)
+CLOSE_TIMEOUT_S = 30.0
+
+
+@cache
+def evidence_scaffold() -> str:
+    """Source of the evidence tools run in every REPL (list_papers, search, read_section)."""
+    return (Path(__file__).parent / "evidence" / "scaffold.py").read_text(encoding="utf-8")
+
+
+def task_context(task: Mapping[str, Any]) -> Any:
+    """What ``context`` holds in the REPL: the papers of an evidence task, else the row's ``context``."""
+    return task["papers"] if "papers" in task else task.get("context", "")
+
+
+class RLMReplEnv(TextEnv):
+    """Recursive LM environment. Task rows: an evidence task, or ``prompt``/``question`` + ``context``."""
+
+    config_class = RLMReplConfig
+    config: RLMReplConfig
+
+    def __init__(self, task: Mapping[str, Any] | None = None, config: EnvConfig | Mapping[str, Any] | None = None,
+                 *, subcall_handler: SubcallHandler | None = None) -> None:
+        super().__init__(task, config)
+        self.subcall_handler: SubcallHandler = subcall_handler or no_subcalls
+        self._sandbox: Sandbox | None = None
+        self._caller_loop: asyncio.AbstractEventLoop | None = None
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self.final_answer: str | None = None
+        self.backend = "none"
+        self.counters = {"executions": 0, "sandbox_errors": 0, "sandbox_timeouts": 0, "sandbox_restarts": 0,
+                         "sub_calls": 0, "output_chars_cut": 0, "no_block_turns": 0}
+
+    # -- the task ------------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        return int(self.task.get("rlm", {}).get("depth", 0))
+
+    @property
+    def context(self) -> Any:
+        return task_context(self.task)
+
+    @property
+    def has_papers(self) -> bool:
+        """Evidence task (or a child of one): the prompt documents the paper tools."""
+        return "papers" in self.task or bool(self.task.get("rlm", {}).get("papers"))
+
+    def question(self) -> str:
+        for key in ("question", "prompt"):
+            value = self.task.get(key)
+            if isinstance(value, str) and value.strip():
+                return value
+        raise ValueError("rlm_repl task needs a non-empty 'question' or 'prompt' string")
+
+    def build_prompt(self) -> list[dict[str, str]]:
+        limits = self.config.subcalls
+        system = system_prompt(max_turns=self.max_turns, context=self.context, depth=self.depth,
+                               max_depth=limits.max_depth, max_sub_calls=limits.max_sub_calls,
+                               evidence_tools=self.has_papers)
+        return [{"role": "system", "content": system}, {"role": "user", "content": self.question()}]
+
+    def gold_actions(self) -> list[str] | None:
+        if "evidence" not in self.task:
+            return None
+        return [f"```repl\nFINAL({list(self.task['evidence'])!r})\n```"]
+
+    @classmethod
+    def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:
+        path = config.dataset_path if isinstance(config, RLMReplConfig) else None
+        return load_tasks(path, split)
+
+    # -- episodes --------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
+        self._close_sandbox()
+        self._reset_counters()
+        return super().reset(seed=seed, options=options)
+
+    def take_action(self, action: str) -> StepResult:
+        return run_on_sandbox_loop_sync(self.atake_action(action))
+
+    async def atake_action(self, action: str) -> StepResult:
+        self._caller_loop = asyncio.get_running_loop()
+        return await run_on_sandbox_loop(self._act(action))
+
+    async def _act(self, action: str) -> StepResult:
+        parsed = parse_response(action)
+        outputs: list[str] = []
+        answer: str | None = None
+        ran = 0
+        for index, code in enumerate(parsed.blocks):
+            result = await self._execute(code)
+            ran += 1
+            if len(parsed.blocks) > 1:
+                outputs.append(f"[block {index + 1} of {len(parsed.blocks)}]")
+            outputs.append(self._describe(result))
+            if result.final_answer is not None:
+                answer = result.final_answer
+                break
+        if answer is None and parsed.final_var is not None:
+            result = await self._execute(f"FINAL_VAR({parsed.final_var!r})")
+            outputs.append(self._describe(result))
+            answer = result.final_answer
+        elif answer is None and parsed.final is not None:
+            answer = parsed.final
+        info: dict[str, Any] = {"blocks_run": ran, "sandbox_backend": self.backend}
+        if answer is not None:
+            return self._finish(answer, info)
+        return StepResult([{"role": "user", "content": self._observation(parsed, outputs)}], 0.0, False, False, info)
+
+    def _finish(self, answer: str, info: dict[str, Any]) -> StepResult:
+        self.final_answer = answer
+        reward, components = score_answer(self.task, self.context, answer, self.config.match_threshold)
+        return StepResult([], reward, True, False, {**info, "final_answer": answer, "reward_components": components})
+
+    def _observation(self, parsed: ParsedResponse, outputs: list[str]) -> str:
+        parts = list(parsed.problems)
+        if not parsed.blocks:
+            self.counters["no_block_turns"] += 1
+            parts.append("No ```repl block found. Put code between a line ```repl and a line ```, "
+                         "or answer with a line FINAL(your answer).")
+        parts += outputs
+        left = self.max_turns - self.turn
+        if left == 1:
+            parts.append("You have 1 response left: it must give the final answer with FINAL(...) or FINAL_VAR(...).")
+        elif left > 1:
+            parts.append(f"You have {left} responses left.")
+        return "\n".join(parts)
+
+    def _describe(self, result: ExecResult) -> str:
+        """The output the model sees for one execution, cut to ``max_output_chars`` with a note."""
+        text = result.stdout
+        if result.stderr:
+            text += ("\n" if text and not text.endswith("\n") else "") + result.stderr
+        if result.error:
+            text += ("\n" if text and not text.endswith("\n") else "") + result.error
+        notes = []
+        if result.timed_out:
+            notes.append(f"[execution stopped: it ran longer than {self.config.sandbox.exec_timeout_s:g} s]")
+        if result.sandbox_restarted:
+            notes.append("[the REPL was restarted: variables from earlier turns are gone]")
+        limit = self.config.max_output_chars
+        cut = result.truncated_chars + max(0, len(text) - limit)
+        text = text[:limit]
+        if cut:
+            self.counters["output_chars_cut"] += cut
+            notes.append(f"[output truncated: {cut:,} more characters were not shown]")
+        body = text.rstrip("\n") if text.strip() else "(no output)"
+        return "\n".join([body, *notes])
+
+    async def _execute(self, code: str) -> ExecResult:
+        if self._sandbox is None:
+            self._sandbox = await Sandbox.create(
+                self.config.sandbox, context=self.context, scaffold_code=evidence_scaffold(),
+                rpc_methods=SUBCALL_METHODS, handler=self._handle_subcall)
+            self.backend = self._sandbox.backend
+        result = await self._sandbox.execute(code)
+        self.counters["executions"] += 1
+        self.counters["sandbox_errors"] += result.error is not None
+        self.counters["sandbox_timeouts"] += bool(result.timed_out)
+        self.counters["sandbox_restarts"] += bool(result.sandbox_restarted)
+        return result
+
+    async def _handle_subcall(self, method: str, params: dict[str, Any]) -> Any:
+        """Runs on the sandbox loop; the injected handler runs on the loop that stepped the env."""
+        self.counters["sub_calls"] += 1
+        handler, loop = self.subcall_handler, self._caller_loop
+        try:
+            if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
+                return await handler(method, params)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(handler(method, params), loop))
+        except Exception as exc:  # noqa: BLE001 - a failing sub-call is an answer to the code, not a crash
+            log.warning("sub-call %s failed", method, exc_info=True)
+            return f"Error: {method} failed: {type(exc).__name__}: {exc}"
+
+    # -- metrics and cleanup -----------------------------------------------------------------
+
+    def get_metrics(self) -> dict[str, float]:
+        return {**{k: float(v) for k, v in self.counters.items()}, "turns_used": float(self.turn),
+                "final_answer_given": float(self.final_answer is not None), "depth": float(self.depth),
+                "sandbox_bwrap": float(self.backend == "bwrap")}
+
+    def close(self) -> None:
+        self._close_sandbox()
+        super().close()
+
+    def _close_sandbox(self) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is None:
+            return
+        try:
+            run_on_sandbox_loop_sync(sandbox.close(), timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the sandbox cleans itself up when its owner is gone
+            log.warning("closing the sandbox failed", exc_info=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the task and config only (for remote workers); the sandbox never travels."""
+        state = dict(self.__dict__)
+        state.update(_sandbox=None, _caller_loop=None, subcall_handler=no_subcalls)
+        return state

@@ -1,0 +1,32 @@
+"""The reward of a final answer, chosen by what the task row holds.
+
+* ``evidence`` (the built-in task): snippet F1 against the gold evidence, ungrounded snippets
+  counting as misses (:mod:`skyrl_rlm_repl.evidence.reward`).
+* ``answer``: 1.0 when the answer equals it up to case, spacing and punctuation, else 0.0.
+* neither (a child episode started by ``rlm_query``, which has no gold): the fraction of returned
+  snippets that really occur in its context, so a child's own reward says whether it quoted
+  faithfully. ``child_advantage: own`` in the trainer uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from skyrl_rlm_repl.evidence.reward import SourceIndex, match_key, parse_snippets, score_evidence
+
+
+def score_answer(task: Mapping[str, Any], context: Any, answer: str, threshold: float) -> tuple[float, dict[str, float]]:
+    """``(reward, components)`` for ``answer`` to ``task``; components go to the step's info."""
+    if "evidence" in task:
+        score = score_evidence(parse_snippets(answer), list(task["evidence"]), SourceIndex(context), threshold)
+        return score.f1, score.as_dict()
+    if "answer" in task:
+        correct = float(match_key(answer) == match_key(str(task["answer"])))
+        return correct, {"correct": correct}
+    snippets = parse_snippets(answer)
+    if not snippets:
+        return 0.0, {"grounded_fraction": 0.0}
+    source = SourceIndex(context)
+    grounded = sum(source.contains(s) for s in snippets) / len(snippets)
+    return grounded, {"grounded_fraction": grounded}
