@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from skyrl_core.engines.openai import (
     OpenAITimeoutError,
     WeightSyncUnsupportedError,
 )
+from skyrl_core.engines.retry import Backoff, parse_retry_after
 from skyrl_core.factory import ConfigError, component_config
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.plugins import get_registry
@@ -149,6 +152,21 @@ async def test_unknown_model_names_the_model_and_hints_at_config(server, make_en
     assert "engine.model" in str(err.value)
 
 
+def test_tokenizer_loads_lazily_from_a_local_path(tok, tmp_path):
+    tok.save_pretrained(tmp_path / "tok")
+    engine = OpenAIEngine({"tokenizer": str(tmp_path / "tok")})
+    assert engine.tokenizer.encode("<answer>olleh</answer>") == tok.encode("<answer>olleh</answer>")
+    assert engine.tokenizer is engine.tokenizer
+    assert OpenAIEngine().tokenizer is None
+
+
+def test_unloadable_tokenizer_names_the_config_key(tmp_path):
+    missing = str(tmp_path / "missing")
+    engine = OpenAIEngine({"tokenizer": missing})
+    with pytest.raises(EngineError, match=re.escape(f"cannot load engine.tokenizer {missing!r}")):
+        _ = engine.tokenizer
+
+
 # --- chat ---------------------------------------------------------------------------------------------------------
 
 async def test_chat_returns_the_reply_and_forwards_sampling_fields(server, make_engine):
@@ -259,6 +277,23 @@ async def test_connection_refused_names_the_url_after_retrying():
     assert f"cannot reach POST {url}/completions" in str(err.value)
     assert "after 2 attempts" in str(err.value)
     assert isinstance(err.value, EngineError)
+
+
+def test_backoff_doubles_with_jitter_and_is_capped():
+    backoff = Backoff(base_s=1.0, max_s=8.0)
+    for attempt, (low, high) in enumerate([(0.5, 1), (1, 2), (2, 4), (4, 8), (4, 8), (4, 8)]):
+        delays = [backoff.delay(attempt) for _ in range(50)]
+        assert all(low <= d <= high for d in delays) and len(set(delays)) > 1
+    assert backoff.delay(0, retry_after=3.0) == 3.0
+    assert backoff.delay(0, retry_after=600.0) == 8.0
+
+
+def test_retry_after_accepts_seconds_and_http_dates():
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    assert parse_retry_after("7", now) == 7.0
+    assert parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now) == 30.0
+    assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now) == 0.0
+    assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
 
 
 # --- API key ------------------------------------------------------------------------------------------------------

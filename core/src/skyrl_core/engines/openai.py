@@ -50,7 +50,8 @@ class OpenAIEngineConfig(BaseModel):
     tokenizer: str | None = Field(
         None, description="HF name or local path of the served model's tokenizer, loaded lazily with transformers; "
                           "needed only for servers that return text without token ids.")
-    timeout_s: float = Field(120.0, gt=0, description="Limit for one HTTP attempt, in seconds.")
+    timeout_s: float = Field(300.0, gt=0, description="Seconds to wait for connecting and for each read of an "
+                                                       "attempt (a non-streamed completion arrives in one read).")
     max_retries: int = Field(3, ge=0, description="Extra attempts after connection errors, timeouts, 429 and 5xx.")
     backoff_base_s: float = Field(0.5, ge=0, description="First retry delay in seconds; doubles per retry, jittered.")
     backoff_max_s: float = Field(30.0, ge=0, description="Longest wait between attempts, including a Retry-After.")
@@ -129,7 +130,10 @@ class OpenAIEngine:
                 from transformers import AutoTokenizer
             except ImportError as exc:
                 raise EngineError("engine.tokenizer needs transformers: pip install transformers") from exc
-            self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
+            except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, ...
+                raise EngineError(f"cannot load engine.tokenizer {self.config.tokenizer!r}: {exc}") from exc
         return self._tokenizer
 
     async def model_name(self) -> str:
@@ -213,7 +217,7 @@ class OpenAIEngine:
         client, semaphore = self._session()
         url = self._url(path)
         attempts = self.config.max_retries + 1
-        async with semaphore:
+        async with semaphore:  # held through backoff sleeps, so a struggling server sees fewer requests
             for attempt in range(attempts):
                 retry_after = None
                 try:
