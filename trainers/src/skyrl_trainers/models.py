@@ -15,6 +15,7 @@ Tokenizers keep their chat template, and their EOS token is the template's end-o
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -75,6 +76,18 @@ def load_model_and_tokenizer(name_or_path: str, *, dtype: Any = None, device: st
     return model, tokenizer
 
 
+def model_source(name_or_path: str) -> str:
+    """A folder or hub id that ``from_pretrained`` (or vLLM) can load; built-in models are saved first."""
+    if name_or_path == TINY_RANDOM:
+        # The folder name carries a fingerprint of the config, so a changed recipe never reuses old weights.
+        recipe = tiny_random_config(len(_tiny_random_tokenizer())).to_json_string() + str(TINY_RANDOM_SEED)
+        folder = cache_dir() / f"{TINY_RANDOM}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+        if not (folder / _COMPLETE_MARKER).exists():
+            build_tiny_random(folder)
+        return str(folder)
+    return _resolve_folder_or_hub_id(name_or_path)
+
+
 def resolve_dtype(dtype: Any, device: str) -> Any:
     """``torch.dtype`` for a dtype argument (see :func:`load_model_and_tokenizer`)."""
     torch = _require("torch")
@@ -91,12 +104,16 @@ def resolve_dtype(dtype: Any, device: str) -> Any:
 # --- tiny-random ---------------------------------------------------------------------------------
 
 def tiny_random_config(vocab_size: int) -> Any:
-    """A Qwen2 config small enough to build and run in milliseconds on CPU."""
+    """A Qwen2 config small enough to build and run in milliseconds on CPU.
+
+    Weights are drawn with a larger spread than usual (``initializer_range=0.2``) so that the random
+    model has peaked, prompt-dependent next-token distributions instead of near-uniform ones.
+    """
     from transformers import Qwen2Config
 
     return Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                       tie_word_embeddings=True, use_cache=True)
+                       tie_word_embeddings=True, use_cache=True, initializer_range=0.2)
 
 
 def build_tiny_random(folder: str | Path | None = None, seed: int = TINY_RANDOM_SEED) -> tuple[Any, Any]:
@@ -237,7 +254,7 @@ def _from_pretrained(auto_cls: Any, source: str, name: str, **kwargs: Any) -> An
 
 def _save_folder(model: Any, tokenizer: Any, target: Path) -> None:
     """Write to a temporary sibling and rename, so a half-written folder is never used."""
-    partial = target.with_name(target.name + ".partial")
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     model.save_pretrained(partial)

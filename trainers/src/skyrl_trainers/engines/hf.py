@@ -1,0 +1,216 @@
+"""The ``hf`` engine: Hugging Face transformers generation on CPU or GPU, batching concurrent requests.
+
+Concurrent ``generate`` calls are gathered by a :class:`RequestBatcher` and decoded together on one
+worker thread: prompts are left-padded, a prefill forward fills the KV cache, then one forward per
+step decodes every unfinished row (finished rows are dropped from the batch and the cache). Each row
+keeps its own sampling settings and random generator, so a request with a ``seed`` gives the same
+tokens whatever it is batched with. Logprobs are described in :mod:`skyrl_trainers.engines.sampling`.
+
+Weight updates (:meth:`HFEngine.update_weights`) run on the same thread between batches, so a batch
+never sees half-updated weights; ``GenerateOutput.metadata["weight_version"]`` counts the updates a
+completion was generated with.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
+from skyrl_trainers.engines.batcher import RequestBatcher
+from skyrl_trainers.engines.sampling import LogprobMode, RowParams, sample_next
+from skyrl_trainers.engines.weights import copy_named_tensors
+
+
+class HFEngineConfig(BaseModel):
+    """Options of the ``hf`` engine (section ``engine`` of a run config)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field("smollm2-135m", description="Built-in name (tiny-random, smollm2-135m), HF hub id or folder.")
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available).")
+    dtype: str = Field("auto", description="float32, bfloat16, float16, or auto (bfloat16 on CUDA, else float32).")
+    max_batch_size: int = Field(64, ge=1, description="Most requests decoded together in one batch.")
+    batch_wait_ms: float = Field(5.0, ge=0, description="After a request arrives, wait this long for more to batch.")
+    logprobs_mode: LogprobMode = Field("processed", description="processed: under the sampling distribution "
+                                       "(temperature, top-k, top-p); raw: of the unmodified model.")
+    seed: int | None = Field(None, description="Seeds requests that bring no seed of their own.")
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    row: RowParams
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    weight_version: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: StopReason | None = None
+
+
+class HFEngine:
+    """A transformers causal LM behind skyrl-core's ``InferenceEngine`` protocol. Safe to call concurrently."""
+
+    def __init__(self, config: HFEngineConfig | None = None) -> None:
+        from skyrl_trainers.models import load_model_and_tokenizer
+
+        config = config or HFEngineConfig()
+        device = resolve_device(config.device)
+        model, tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
+        self._setup(model, tokenizer, config)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer: Any, config: HFEngineConfig | None = None) -> HFEngine:
+        """Wrap an in-memory model (used as is, not copied; ``config.model``/``device``/``dtype`` are ignored).
+
+        For colocated training pass a copy of the policy and sync it with :meth:`update_weights`.
+        """
+        engine = cls.__new__(cls)
+        engine._setup(model, tokenizer, config or HFEngineConfig())
+        return engine
+
+    def _setup(self, model: torch.nn.Module, tokenizer: Any, config: HFEngineConfig) -> None:
+        self.config = config
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        self.pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+        self.eos_ids = frozenset(_eos_ids(model, tokenizer))
+        # transformers 5 renamed the KV-cache argument ``past_key_values`` to ``cache``.
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.weight_version = 0
+        self._seeds = random.Random(config.seed)
+        self._batcher: RequestBatcher[_Request, GenerateOutput] = RequestBatcher(
+            self._decode_batch, max_batch_size=config.max_batch_size, wait_s=config.batch_wait_ms / 1000,
+            name="hf-engine")
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Size of every batch decoded so far (for tests and benchmarks)."""
+        return self._batcher.batch_sizes
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+        return await self._batcher.submit(self._request(prompt_ids, params))
+
+    async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Copy new weights into the model in place, between batches (see ``weights.copy_named_tensors``)."""
+        await self._batcher.run_exclusive(self._copy_weights, named_tensors)
+
+    def close(self) -> None:
+        self._batcher.close()
+
+    def _copy_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        copy_named_tensors(self.model, named_tensors)
+        self.weight_version += 1
+
+    def _request(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
+        if not prompt_ids:
+            raise EngineError("hf engine: prompt_ids is empty")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        bad = [i for i in prompt_ids if not 0 <= int(i) < vocab]
+        if bad:
+            raise EngineError(f"hf engine: prompt has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
+        room = params.max_tokens
+        if self.max_context is not None:
+            room = min(room, self.max_context - len(prompt_ids))
+            if room < 1:
+                raise EngineError(f"hf engine: prompt has {len(prompt_ids)} tokens, the model's context is "
+                                  f"{self.max_context}; no room to generate")
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        row = RowParams(params.temperature, params.top_k, params.top_p, generator)
+        return _Request([int(i) for i in prompt_ids], params, row, room, self.eos_ids | set(params.stop_token_ids))
+
+    @torch.inference_mode()
+    def _decode_batch(self, requests: Sequence[_Request]) -> list[GenerateOutput]:
+        for request in requests:
+            request.weight_version = self.weight_version
+        active = list(requests)
+        input_ids, attention_mask = _left_pad([r.prompt_ids for r in active], self.pad_id, self.device)
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1)
+        cache, logits, next_position = _cache_of(out), out.logits[:, -1, :], positions[:, -1] + 1
+        while True:
+            tokens, logprobs = sample_next(logits, [r.row for r in active], self.config.logprobs_mode)
+            keep = [i for i, (r, t, lp) in enumerate(zip(active, tokens.tolist(), logprobs.tolist()))
+                    if not self._append(r, t, lp)]
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                active = [active[i] for i in keep]
+                tokens, attention_mask, next_position = tokens[index], attention_mask[index], next_position[index]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
+            out = self.model(input_ids=tokens[:, None], attention_mask=attention_mask,
+                             position_ids=next_position[:, None], use_cache=True, **{self.cache_kwarg: cache})
+            cache, logits, next_position = _cache_of(out), out.logits[:, -1, :], next_position + 1
+        return [self._output(r) for r in requests]
+
+    def _append(self, request: _Request, token: int, logprob: float) -> bool:
+        """Record one sampled token; True when the request is finished."""
+        request.token_ids.append(token)
+        request.logprobs.append(logprob)
+        if token in request.stop_ids or self._hits_stop_string(request):
+            request.stop_reason = "stop"
+        elif len(request.token_ids) >= request.max_new_tokens:
+            request.stop_reason = "length"
+        return request.stop_reason is not None
+
+    def _hits_stop_string(self, request: _Request) -> bool:
+        if not request.params.stop:
+            return False
+        # Only the tail can contain a stop string that the newest token completed.
+        longest = max(len(s) for s in request.params.stop)
+        tail = self.tokenizer.decode(request.token_ids[-(longest + 1):], skip_special_tokens=False)
+        return any(stop in tail for stop in request.params.stop)
+
+    def _output(self, request: _Request) -> GenerateOutput:
+        assert request.stop_reason is not None
+        text = self.tokenizer.decode(request.token_ids, skip_special_tokens=False)
+        return GenerateOutput(request.token_ids, request.logprobs, request.stop_reason, text,
+                              metadata={"weight_version": request.weight_version})
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` becomes ``cuda`` when a CUDA device is visible, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EngineError(f"hf engine: device {device!r} requested but torch sees no CUDA device; use device=cpu")
+    return device
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(generation_eos, int):
+        ids.add(generation_eos)
+    elif generation_eos:
+        ids.update(generation_eos)
+    return ids
+
+
+def _cache_of(output: Any) -> Any:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+def _left_pad(rows: Sequence[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)

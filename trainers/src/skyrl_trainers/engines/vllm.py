@@ -1,0 +1,191 @@
+"""The ``vllm`` engine: in-process vLLM (``AsyncLLM``) on a CUDA GPU, with weight updates from the trainer.
+
+vLLM is imported only when an engine is constructed. Without vLLM or without a CUDA GPU the
+constructor raises :class:`VLLMUnavailableError` saying what is missing and what to use instead.
+
+* Generation sends token ids (``TokensPrompt``) and asks for the sampled token's logprob only
+  (``logprobs=0``); ``logprobs_mode`` picks raw or processed logprobs, as for the ``hf`` engine.
+* Weight updates go through vLLM's ``collective_rpc`` to :class:`~.vllm_worker.WeightLoaderExtension`
+  (installed as ``worker_extension_cls``), which calls the model's ``load_weights``; tensors travel in
+  chunks of ``weight_chunk_mb``. The prefix cache is reset afterwards so no KV computed with old
+  weights is reused.
+* Colocated with a trainer on the same GPU, set ``enable_sleep_mode=True`` and call :meth:`sleep`
+  before training and :meth:`wake_up` after; :meth:`update_weights` wakes the weights (not the KV
+  cache) itself when the engine is asleep.
+* vLLM's async engine is tied to the event loop it started on, so it runs on its own loop in a
+  background thread; callers may use any loop (e.g. one ``asyncio.run`` per training step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+import uuid
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
+from skyrl_trainers.engines.sampling import LogprobMode
+
+T = TypeVar("T")
+WORKER_EXTENSION = "skyrl_trainers.engines.vllm_worker.WeightLoaderExtension"
+LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
+FINISH_REASONS: dict[str, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VLLMUnavailableError(EngineError):
+    """vLLM or a CUDA GPU is missing; the message lists what and how to fix it."""
+
+
+class VLLMEngineConfig(BaseModel):
+    """Options of the ``vllm`` engine (section ``engine`` of a run config)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field("smollm2-135m", description="Built-in name (tiny-random, smollm2-135m), HF hub id or folder.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Fraction of GPU memory vLLM may take "
+                                          "(leave room for the trainer when colocated).")
+    max_model_len: int | None = Field(4096, ge=16, description="Context length; None uses the model's.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    enable_prefix_caching: bool = True
+    enable_sleep_mode: bool = Field(False, description="Allow sleep()/wake_up() to free GPU memory for training.")
+    enforce_eager: bool = Field(False, description="Skip CUDA graphs (faster start, slower decode).")
+    logprobs_mode: LogprobMode = Field("processed", description="processed: under the sampling distribution; "
+                                       "raw: of the unmodified model.")
+    weight_chunk_mb: int = Field(512, ge=1, description="Size of each weight-update message to the workers.")
+    seed: int = 0
+    extra_engine_args: dict[str, Any] = Field(default_factory=dict,
+                                              description="More vllm.AsyncEngineArgs fields, passed as is.")
+
+
+def check_vllm_available() -> None:
+    """Raise :class:`VLLMUnavailableError` naming everything that is missing."""
+    problems = []
+    if importlib.util.find_spec("vllm") is None:
+        problems.append("the vllm package is not installed (pip install 'skyrl-trainers[vllm]', Linux with CUDA)")
+    import torch
+
+    if not torch.cuda.is_available():
+        problems.append("torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+    if problems:
+        raise VLLMUnavailableError("the vllm engine cannot start: " + "; ".join(problems)
+                                   + ". Use engine=hf for CPU or GPU generation with transformers.")
+
+
+class VLLMEngine:
+    """vLLM behind skyrl-core's ``InferenceEngine`` protocol. Safe to call concurrently from any loop."""
+
+    def __init__(self, config: VLLMEngineConfig | None = None) -> None:
+        check_vllm_available()
+        from skyrl_trainers.models import load_tokenizer, model_source
+
+        self.config = config = config or VLLMEngineConfig()
+        self.tokenizer = load_tokenizer(config.model)
+        self.weight_version = 0
+        self.sleeping = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+        self._llm = self._call(self._start(model_source(config.model)))
+
+    async def _start(self, source: str) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        c = self.config
+        args = AsyncEngineArgs(
+            model=source, tokenizer=source, dtype=c.dtype, seed=c.seed,
+            gpu_memory_utilization=c.gpu_memory_utilization, max_model_len=c.max_model_len,
+            tensor_parallel_size=c.tensor_parallel_size, enable_prefix_caching=c.enable_prefix_caching,
+            enable_sleep_mode=c.enable_sleep_mode, enforce_eager=c.enforce_eager,
+            logprobs_mode=LOGPROBS_MODES[c.logprobs_mode], worker_extension_cls=WORKER_EXTENSION,
+            **c.extra_engine_args)
+        return AsyncLLM.from_engine_args(args)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+        return await self._submit(self._generate(list(prompt_ids), params))
+
+    async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        await self._submit(self._update_weights(named_tensors))
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free GPU memory: level 1 offloads weights to CPU and drops the KV cache; level 2 drops both."""
+        if not self.config.enable_sleep_mode:
+            raise EngineError("vllm engine: sleep() needs engine.enable_sleep_mode=true")
+        await self._submit(self._llm.sleep(level))
+        self.sleeping = True
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore GPU memory; ``tags`` may be ``["weights"]`` or ``["kv_cache"]`` (default: both)."""
+        await self._submit(self._llm.wake_up(tags))
+        if tags is None or "kv_cache" in tags:
+            self.sleeping = False
+
+    def close(self) -> None:
+        self._llm.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sampling = VLLMSamplingParams(
+            n=1, max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None, include_stop_str_in_output=True,
+            seed=params.seed, logprobs=0, skip_special_tokens=False)
+        version = self.weight_version
+        final = None
+        async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sampling,
+                                               request_id=uuid.uuid4().hex):
+            final = output
+        if final is None or not final.outputs:
+            raise EngineError("vllm engine: the request finished without output")
+        completion = final.outputs[0]
+        token_ids = list(completion.token_ids)
+        logprobs = [step[token].logprob for token, step in zip(token_ids, completion.logprobs or [])]
+        reason = FINISH_REASONS.get(str(completion.finish_reason), "stop")
+        return GenerateOutput(token_ids, logprobs if len(logprobs) == len(token_ids) else None, reason,
+                              completion.text, metadata={"weight_version": version})
+
+    async def _update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        if self.sleeping:
+            await self._llm.wake_up(["weights"])
+        for chunk in chunk_named_tensors(named_tensors, self.config.weight_chunk_mb * 2**20):
+            await self._llm.collective_rpc("skyrl_load_weights", args=(chunk,))
+        await self._llm.reset_prefix_cache()
+        self.weight_version += 1
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+
+def chunk_named_tensors(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                        max_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """Group ``(name, tensor)`` pairs into lists of at most ``max_bytes`` (a bigger tensor goes alone).
+
+    Tensors are moved to CPU and made contiguous so they serialise to vLLM's worker processes;
+    sharded ``DTensor`` values are gathered first (a collective: call it on every trainer rank).
+    """
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    chunk: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in items:
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        tensor = tensor.detach().to("cpu").contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if chunk and size + nbytes > max_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += nbytes
+    if chunk:
+        yield chunk
