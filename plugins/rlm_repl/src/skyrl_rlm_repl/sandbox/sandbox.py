@@ -66,6 +66,11 @@ class Sandbox:
         await sandbox._start()
         return sandbox
 
+    @property
+    def pid(self) -> int | None:
+        """Host PID of the current worker (the bwrap process with that backend); None when closed."""
+        return None if self._worker is None else self._worker.pid
+
     async def __aenter__(self) -> Sandbox:
         return self
 

@@ -68,6 +68,8 @@ class SandboxPolicy:
             raise PermissionError(f"sending signals to other processes is disabled in the sandbox ({event})")
         elif event == "import" and args and args[0] in _BLOCKED_MODULES:
             raise PermissionError(f"module {args[0]!r} is disabled in the sandbox")
+        elif event in ("resource.setrlimit", "resource.prlimit"):
+            raise PermissionError("changing resource limits is disabled in the sandbox")
         elif event.startswith("ctypes."):
             raise PermissionError(f"ctypes is disabled in the sandbox ({event})")
 
