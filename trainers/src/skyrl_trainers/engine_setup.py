@@ -1,0 +1,33 @@
+"""Build the rollout engine for a training run: it must generate with the policy being trained.
+
+The engine loads ``trainer.model`` itself (``hf``: a copy in the driver process; ``vllm``: its own
+GPU copy), and the trainer pushes its weights into it before the first rollout and after every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from skyrl_core.config import ResolvedConfig
+from skyrl_core.factory import ConfigError
+from skyrl_core.plugins import get_registry
+
+
+def engine_config_for_policy(config: ResolvedConfig) -> Any:
+    """The engine section with its ``model`` set to ``trainer.model`` (an explicit mismatch is an error)."""
+    engine_cfg, policy = config.engine, config.trainer.model
+    if engine_cfg is None or "model" not in type(engine_cfg).model_fields:
+        return engine_cfg
+    if "model" in engine_cfg.model_fields_set and engine_cfg.model not in (None, policy):
+        raise ConfigError(f"engine.model={engine_cfg.model!r} differs from trainer.model={policy!r}; the engine "
+                          "generates with the policy being trained, so set only trainer.model")
+    return engine_cfg.model_copy(update={"model": policy})
+
+
+def build_engine(config: ResolvedConfig) -> tuple[Any, Any]:
+    """``(engine, tokenizer)`` for the run's ``engine`` section, loaded with ``trainer.model``."""
+    engine = get_registry().get("engine", config.engine_id).load()(engine_config_for_policy(config))
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        raise ConfigError(f"engine {config.engine_id!r} exposes no tokenizer; the trainer needs one to build prompts")
+    return engine, tokenizer

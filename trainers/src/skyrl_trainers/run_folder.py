@@ -1,0 +1,99 @@
+"""The run folder: resolved config, metrics, sample trajectories, checkpoints and the final export.
+
+    RUN_DIR/config.yaml                      the resolved config of the latest (re)start
+    RUN_DIR/metrics.jsonl                    one line per step (skyrl_core.metrics.MetricsLogger)
+    RUN_DIR/samples.jsonl                    a few trajectories per step (metrics.train_step = step)
+    RUN_DIR/checkpoints/step_000004/         shards/ (model + optimizer), worker_rank*.pt, trainer_state.pt
+    RUN_DIR/checkpoints/latest               name of the newest complete checkpoint, written last
+    RUN_DIR/export/                          Hugging Face folder of the final policy
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+
+class CheckpointError(RuntimeError):
+    """A run folder has no usable checkpoint to resume from."""
+
+
+class RunFolder:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics = self.path / "metrics.jsonl"
+        self.samples = self.path / "samples.jsonl"
+        self.export = self.path / "export"
+
+    def create(self, config: dict[str, Any]) -> None:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step:06d}"
+
+    def new_checkpoint(self, step: int) -> Path:
+        """An empty folder for the checkpoint of ``step`` (an earlier partial attempt is discarded)."""
+        folder = self.checkpoint_dir(step)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return folder
+
+    def commit_checkpoint(self, step: int) -> None:
+        """Mark ``step`` as the newest complete checkpoint (atomic rename of the ``latest`` file)."""
+        marker = self.checkpoints / "latest"
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(self.checkpoint_dir(step).name, encoding="utf-8")
+        os.replace(tmp, marker)
+
+    def latest_checkpoint(self) -> Path:
+        marker = self.checkpoints / "latest"
+        if not marker.is_file():
+            raise CheckpointError(f"run.resume={str(self.path)!r}: no complete checkpoint in {self.checkpoints} "
+                                  "(the run saved none yet, or this is not a run folder)")
+        folder = self.checkpoints / marker.read_text(encoding="utf-8").strip()
+        if not (folder / "trainer_state.pt").is_file():
+            raise CheckpointError(f"checkpoint {folder} named by {marker} is incomplete")
+        return folder
+
+    def forget_after(self, step: int) -> None:
+        """Drop metrics and samples logged after ``step`` (a run that went on past its last checkpoint)."""
+        for path, step_of in ((self.metrics, lambda r: r.get("step")),
+                              (self.samples, lambda r: r.get("metrics", {}).get("train_step"))):
+            if not path.is_file():
+                continue
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and (step_of(json.loads(line)) or 0) <= step]
+            path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def driver_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def set_driver_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])

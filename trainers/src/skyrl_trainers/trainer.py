@@ -1,0 +1,218 @@
+"""``fsdp_grpo``: the driver loop. Rollouts with the engine, advantages, sharded updates, weight sync.
+
+Each step: take ``batch_size`` tasks, let the generator play ``n_samples_per_prompt`` episodes per
+task, assign advantages (:mod:`.credit`), plan mini/micro-batches over the ranks (:mod:`.batching`),
+run the update on every rank (:mod:`.worker`), push the new weights into the engine, then log,
+call ``on_train_step_end`` and checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+
+import torch
+
+from skyrl_core.config import ResolvedConfig
+from skyrl_core.factory import ConfigError, env_class
+from skyrl_core.metrics import MetricsLogger
+from skyrl_core.plugins import get_plugin_manager, get_registry
+from skyrl_core.trajectory import Trajectory, TrajectoryBatch, write_jsonl
+from skyrl_trainers.batching import plan_step, training_samples
+from skyrl_trainers.config import FSDPGRPOConfig
+from skyrl_trainers.credit import assign_advantages
+from skyrl_trainers.data import TaskStream, load_training_tasks
+from skyrl_trainers.engine_setup import build_engine
+from skyrl_trainers.progress import TrainingProgress
+from skyrl_trainers.run_folder import RunFolder, driver_rng_state, set_driver_rng_state
+from skyrl_trainers.worker import WorkerSpec
+from skyrl_trainers.workers import make_worker_group
+
+log = logging.getLogger(__name__)
+
+
+class FSDPGRPOTrainer:
+    """Entry point of the ``fsdp_grpo`` trainer: ``FSDPGRPOTrainer(resolved_config).fit()``."""
+
+    def __init__(self, config: ResolvedConfig) -> None:
+        if not isinstance(config.trainer, FSDPGRPOConfig):
+            raise ConfigError(f"fsdp_grpo needs a trainer section validated as FSDPGRPOConfig, "
+                              f"got {type(config.trainer).__name__}")
+        self.config = config
+        self.cfg: FSDPGRPOConfig = config.trainer
+        resume = config.run.resume
+        self.run_folder = RunFolder(resume if resume else config.default_output_dir())
+
+    def fit(self) -> dict[str, float]:
+        """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
+        cfg, run = self.cfg, self.config.run
+        random.seed(run.seed)
+        torch.manual_seed(run.seed)
+        env_cls = env_class(self.config.env_id)
+        stream = TaskStream(load_training_tasks(env_cls, self.config.env, cfg.train_files, cfg.data_split),
+                            seed=run.seed, shuffle=cfg.shuffle)
+        resume_from = self.run_folder.latest_checkpoint() if run.resume else None
+        self.run_folder.create(self.config.to_dict())
+        temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
+        workers = make_worker_group(WorkerSpec(cfg, temperature=temperature, seed=run.seed))
+        loop = asyncio.new_event_loop()
+        logger = engine = None
+        try:
+            engine, tokenizer = build_engine(self.config)
+            generator = get_registry().get("generator", self.config.generator_id).load()(
+                self.config.generator, engine=engine, tokenizer=tokenizer, env_id=self.config.env_id,
+                env_config=self.config.env)
+            start = 0
+            if resume_from is not None:
+                workers.call("load_checkpoint", str(resume_from))
+                state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
+                start = state["step"]
+                stream.load_state_dict(state["data"])
+                set_driver_rng_state(state["rng"])
+                self.run_folder.forget_after(start)
+            loop.run_until_complete(engine.update_weights(workers.call("full_state_dict")[0]))
+            logger = MetricsLogger(self.run_folder.path, console=False, wandb_project=run.wandb_project,
+                                   wandb_mode=run.wandb_mode, config=self.config.to_dict())
+            step_loop = _StepLoop(self, workers, engine, generator, stream, loop, logger)
+            with TrainingProgress(total=cfg.steps, done=start, enabled=run.console) as progress:
+                summary = step_loop.run(start, progress)
+            if cfg.export:
+                workers.call("export", str(self.run_folder.export))
+            return summary
+        finally:
+            if logger is not None:
+                logger.close()
+            workers.close()
+            _close_engine(engine, loop)
+
+
+def _close_engine(engine: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Close the engine while its event loop still runs, so its background tasks end cleanly."""
+    if engine is not None and hasattr(engine, "close"):
+        engine.close()
+        loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+
+
+class _StepLoop:
+    """The per-step work of :meth:`FSDPGRPOTrainer.fit`, kept apart from setup and teardown."""
+
+    def __init__(self, trainer: FSDPGRPOTrainer, workers: Any, engine: Any, generator: Any, stream: TaskStream,
+                 loop: asyncio.AbstractEventLoop, logger: MetricsLogger) -> None:
+        self.trainer, self.cfg, self.run_folder = trainer, trainer.cfg, trainer.run_folder
+        self.workers, self.engine, self.generator = workers, engine, generator
+        self.stream, self.loop, self.logger = stream, loop, logger
+
+    def run(self, start: int, progress: TrainingProgress) -> dict[str, float]:
+        cfg = self.cfg
+        history: list[dict[str, float]] = []
+        started = time.perf_counter()
+        step = start
+        for step in range(start + 1, cfg.steps + 1):
+            metrics = self.step(step, progress)
+            history.append(metrics)
+            self.logger.log(step, metrics)
+            _notify(step, metrics)
+            progress.step_done(step, metrics)
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
+                progress.phase(step, "checkpoint")
+                self.checkpoint(step)
+        return summarize(history, step, time.perf_counter() - started)
+
+    def step(self, step: int, progress: TrainingProgress) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        progress.phase(step, "generate")
+        tasks = self.stream.next_batch(cfg.batch_size)
+        batch: TrajectoryBatch = self.loop.run_until_complete(self.generator.generate(tasks))
+        t1 = time.perf_counter()
+        self.write_samples(step, batch.trajectories)
+        progress.phase(step, "train")
+        trajectories = batch.trajectories
+        advantages = assign_advantages(trajectories, estimator=cfg.advantage, norm_by_std=cfg.grpo_norm_by_std,
+                                       child_advantage=cfg.child_advantage)
+        samples = training_samples(trajectories, advantages)
+        metrics: dict[str, float] = dict(batch.metrics)
+        metrics["train/samples"] = float(len(samples))
+        metrics["train/excluded_samples"] = float(len(trajectories) - len(samples))
+        if samples:
+            plans = plan_step(samples, world_size=self.workers.world_size, mini_batches=cfg.mini_batches,
+                              micro_batch_tokens=cfg.micro_batch_tokens)
+            metrics.update(train_metrics(self.workers.call("train_step", per_rank=plans)))
+            metrics["train/advantage_abs_mean"] = sum(abs(s.advantage) for s in samples) / len(samples)
+            t2 = time.perf_counter()
+            progress.phase(step, "sync weights")
+            self.loop.run_until_complete(self.engine.update_weights(self.workers.call("full_state_dict")[0]))
+            trained_tokens = sum(len(s.input_ids) for s in samples)
+            metrics["throughput/train_tokens_per_second"] = trained_tokens / max(t2 - t1, 1e-9)
+        else:  # nothing trainable (e.g. every episode failed): keep the weights, log the step
+            log.warning("step %d: no trainable samples (%d trajectories, all failed or empty)", step, len(trajectories))
+            t2 = time.perf_counter()
+            metrics["train/skipped_steps"] = 1.0
+        t3 = time.perf_counter()
+        metrics.update({"time/generate_seconds": t1 - t0, "time/train_seconds": t2 - t1,
+                        "time/sync_seconds": t3 - t2, "time/step_seconds": t3 - t0})
+        return metrics
+
+    def write_samples(self, step: int, trajectories: list[Trajectory]) -> None:
+        chosen = trajectories[: self.cfg.samples_per_step]
+        for t in chosen:
+            t.metrics["train_step"] = float(step)
+        if chosen:
+            write_jsonl(self.run_folder.samples, chosen, append=True)
+
+    def checkpoint(self, step: int) -> None:
+        folder = self.run_folder.new_checkpoint(step)
+        self.workers.call("save_checkpoint", str(folder))
+        torch.save({"step": step, "data": self.stream.state_dict(), "rng": driver_rng_state()},
+                   folder / "trainer_state.pt")
+        self.run_folder.commit_checkpoint(step)
+
+
+def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Combine the sums the ranks return into per-step means."""
+    total: dict[str, float] = {}
+    for values in per_rank:
+        for key, value in values.items():
+            total[key] = max(total.get(key, value), value) if key.endswith("_max") else total.get(key, 0.0) + value
+    tokens = max(total.get("tokens", 0.0), 1.0)
+    steps = max(per_rank[0].get("optimizer_steps", 1.0), 1.0)  # each rank took the same optimizer steps
+    return {
+        "train/loss": total.get("loss", 0.0) / steps,
+        "train/policy_loss": total.get("policy_loss", 0.0) / steps,
+        "train/kl": total.get("kl_sum", 0.0) / tokens,
+        "train/entropy": total.get("entropy_sum", 0.0) / tokens,
+        "train/clip_fraction": total.get("clipped_sum", 0.0) / tokens,
+        "train/logprob_gap_mean": total.get("logprob_gap_sum", 0.0) / tokens,
+        "train/logprob_gap_max": total.get("logprob_gap_max", 0.0),
+        "train/grad_norm": per_rank[0].get("grad_norm_sum", 0.0) / steps,
+        "train/lr": per_rank[0].get("lr_sum", 0.0) / steps,
+        "train/tokens": total.get("tokens", 0.0),
+        "train/optimizer_steps": steps,
+        "train/skipped_steps": per_rank[0].get("skipped_steps", 0.0),
+    }
+
+
+def summarize(history: list[dict[str, float]], last_step: int, seconds: float) -> dict[str, float]:
+    """The numbers a user checks first: reward at the start and end, speed, the final training stats."""
+    summary: dict[str, float] = {"steps": float(last_step), "time/total_seconds": seconds}
+    if not history:
+        return summary
+    rewards = [h.get("reward/mean", 0.0) for h in history]
+    summary.update({"reward/first": rewards[0], "reward/last": rewards[-1], "reward/best": max(rewards)})
+    last = history[-1]
+    for key in ("train/loss", "train/kl", "train/entropy", "train/grad_norm", "train/logprob_gap_mean",
+                "throughput/train_tokens_per_second", "rollout/generated_tokens_per_second", "time/step_seconds"):
+        if key in last:
+            summary[key] = last[key]
+    return summary
+
+
+def _notify(step: int, metrics: dict[str, float]) -> None:
+    try:
+        get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)
+    except Exception:  # noqa: BLE001 - an observer must not stop training
+        log.warning("an on_train_step_end hook failed at step %d", step, exc_info=True)

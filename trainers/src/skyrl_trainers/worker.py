@@ -1,0 +1,249 @@
+"""One trainer rank: an FSDP2-sharded policy, its optimizer and scheduler, checkpoints and export.
+
+The same class runs in-process (world size 1), in a spawned worker process, or inside a Ray actor;
+only the transport around it differs (see :mod:`skyrl_trainers.workers`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from skyrl_trainers.algorithms import KL_ESTIMATORS, POLICY_LOSSES, reduce_loss
+from skyrl_trainers.batching import MiniBatchPlan
+from skyrl_trainers.config import FSDPGRPOConfig
+from skyrl_trainers.forward import MicroBatch, collate, token_logprobs
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a rank needs to build itself; picklable so it can cross process boundaries."""
+
+    config: FSDPGRPOConfig
+    temperature: float = 1.0
+    seed: int = 0
+    timeout_s: float = 600.0
+
+
+def resolve_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+    return requested
+
+
+class TrainWorker:
+    """Rank ``rank`` of ``world_size``; joins the process group at ``master_addr:master_port``."""
+
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, spec: WorkerSpec) -> None:
+        from skyrl_trainers.models import load_model_and_tokenizer
+
+        self.rank, self.world_size, self.spec = rank, world_size, spec
+        cfg = self.cfg = spec.config
+        kind = resolve_device(cfg.device)
+        if kind == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        self.device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if kind == "cuda" else "gloo",
+                                init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=spec.timeout_s))
+        torch.manual_seed(spec.seed + rank)
+        random.seed(spec.seed + rank)
+        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, dtype=torch.float32, device=str(self.device))
+        self.hf_config = self.model.config
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and kind == "cuda")
+        if cfg.gradient_checkpointing:
+            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
+                self.model.gradient_checkpointing_enable
+            enable()
+        self.model.train()
+        self._shard(self.model)
+        self.ref_model = None
+        if cfg.kl_coef > 0:
+            self.ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=torch.float32, device=str(self.device))
+            self.ref_model.requires_grad_(False)
+            self._shard(self.ref_model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.adam_betas,
+                                           weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        """``fully_shard`` each decoder layer, then the root; every rank starts from rank 0's weights."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        full = {k: v.clone() for k, v in model.state_dict().items()} if self.rank == 0 and self.world_size > 1 else {}
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.bf16:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        layer_classes = tuple(getattr(model, "_no_split_modules", None) or ())
+        for module in model.modules():
+            if type(module).__name__ in layer_classes:
+                fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        if self.world_size > 1:
+            set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    # -- training ---------------------------------------------------------------------------------
+
+    def train_step(self, plans: list[MiniBatchPlan]) -> dict[str, float]:
+        """One optimizer step per mini-batch plan; returns sums that the driver adds over ranks."""
+        started = time.perf_counter()
+        totals: dict[str, float] = {}
+        old = self._old_logprobs(plans) if len(plans) > 1 else None
+        for k, plan in enumerate(plans):
+            self.optimizer.zero_grad(set_to_none=True)
+            for m, samples in enumerate(plan.micro_batches):
+                batch = collate(samples, self.pad_id).to(self.device)
+                self._accumulate(totals, self._backward(batch, plan, old[k][m] if old else None))
+            self._accumulate(totals, self._optimizer_step())
+        totals["time/train_seconds"] = time.perf_counter() - started if self.rank == 0 else 0.0
+        return totals
+
+    @torch.no_grad()
+    def _old_logprobs(self, plans: list[MiniBatchPlan]) -> list[list[torch.Tensor]]:
+        """Log-probs under the weights before this step's first update (needed when it has several)."""
+        return [[self._forward(self.model, collate(samples, self.pad_id).to(self.device))[0]
+                 for samples in plan.micro_batches] for plan in plans]
+
+    def _forward(self, model: torch.nn.Module, batch: MicroBatch, entropy_grad: bool = False):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return token_logprobs(model, batch, temperature=self.spec.temperature, entropy_grad=entropy_grad)
+
+    def _backward(self, batch: MicroBatch, plan: MiniBatchPlan, old_logp: torch.Tensor | None) -> dict[str, float]:
+        cfg = self.cfg
+        logp, entropy = self._forward(self.model, batch, entropy_grad=cfg.entropy_coef > 0)
+        old_logp = logp.detach() if old_logp is None else old_logp
+        mask = batch.mask
+        clip = {k: v for k, v in (("eps_low", cfg.clip_eps_low), ("eps_high", cfg.clip_eps_high)) if v is not None}
+        if cfg.policy_loss == "dual_clip":
+            clip["clip_c"] = cfg.dual_clip_c
+        policy = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, batch.advantages, mask, **clip)
+        norms = {"batch_tokens": plan.batch_tokens, "batch_sequences": plan.batch_sequences, "norm": cfg.loss_norm}
+        policy_loss = reduce_loss(policy.loss, mask, cfg.loss_reduction, **norms)
+        loss = policy_loss
+        kl = torch.zeros_like(logp)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logp, _ = self._forward(self.ref_model, batch)
+            kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
+            loss = loss + cfg.kl_coef * reduce_loss(kl, mask, cfg.loss_reduction, **norms)
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * reduce_loss(entropy, mask, cfg.loss_reduction, **norms)
+        # FSDP averages gradients over ranks; the shares above already sum to the batch loss.
+        (loss * self.world_size).backward()
+        gap = (logp.detach() - batch.rollout_logprobs).abs() * mask
+        return {"loss": loss.item(), "policy_loss": policy_loss.item(), "tokens": mask.sum().item(),
+                "kl_sum": kl.detach().sum().item(), "entropy_sum": (entropy.detach() * mask).sum().item(),
+                "clipped_sum": (policy.clipped * mask).sum().item(), "logprob_gap_sum": gap.sum().item(),
+                "logprob_gap_max": gap.max().item() if gap.numel() else 0.0}
+
+    def _optimizer_step(self) -> dict[str, float]:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        grad_norm = float(norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            skipped = 0.0
+        else:  # a non-finite gradient would corrupt the weights; drop this update
+            self.optimizer.zero_grad(set_to_none=True)
+            skipped = 1.0
+        self.scheduler.step()
+        return {"grad_norm_sum": grad_norm, "optimizer_steps": 1.0, "skipped_steps": skipped, "lr_sum": lr}
+
+    @staticmethod
+    def _accumulate(totals: dict[str, float], values: dict[str, float]) -> None:
+        for key, value in values.items():
+            if key.endswith("_max"):
+                totals[key] = max(totals.get(key, value), value)
+            else:
+                totals[key] = totals.get(key, 0.0) + value
+
+    # -- weights out --------------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The unsharded weights on CPU at rank 0 (``None`` elsewhere); a collective call."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.rank == 0 else None
+
+    def export(self, folder: str) -> None:
+        """Write a Hugging Face folder (safetensors, config, tokenizer) that ``from_pretrained`` loads."""
+        from transformers import AutoModelForCausalLM
+
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return
+        model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
+        model.load_state_dict(state, strict=True)
+        if self.model.generation_config is not None:
+            model.generation_config = self.model.generation_config
+        model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Sharded model and optimizer (torch.distributed.checkpoint) plus this rank's scheduler and RNG."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(Path(folder) / "shards"))
+        torch.save({"scheduler": self.scheduler.state_dict(), "rng": _rng_state()},
+                   Path(folder) / f"worker_rank{self.rank}.pt")
+
+    def load_checkpoint(self, folder: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(Path(folder) / "shards"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra_path = Path(folder) / f"worker_rank{self.rank}.pt"
+        if not extra_path.exists():
+            extra_path = Path(folder) / "worker_rank0.pt"  # resumed with more ranks than were saved
+        extra = torch.load(extra_path, weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        _set_rng_state(extra["rng"])
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def worker_threads(world_size: int) -> int:
+    """CPU threads per rank so that ranks on one machine do not oversubscribe its cores."""
+    return max(1, (os.cpu_count() or 1) // world_size)
