@@ -62,7 +62,7 @@ class RLMReplEnv(TextEnv):
         self.final_answer: str | None = None
         self.backend = "none"
         self.counters = {"executions": 0, "sandbox_errors": 0, "sandbox_timeouts": 0, "sandbox_restarts": 0,
-                         "sub_calls": 0, "output_chars_cut": 0, "no_block_turns": 0}
+                         "subcall_requests": 0, "output_chars_cut": 0, "no_block_turns": 0}
 
     # -- the task ------------------------------------------------------------------------------
 
@@ -197,7 +197,7 @@ class RLMReplEnv(TextEnv):
 
     async def _handle_subcall(self, method: str, params: dict[str, Any]) -> Any:
         """Runs on the sandbox loop; the injected handler runs on the loop that stepped the env."""
-        self.counters["sub_calls"] += 1
+        self.counters["subcall_requests"] += 1
         handler, loop = self.subcall_handler, self._caller_loop
         try:
             if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():

@@ -27,8 +27,7 @@ from skyrl_core.chat import ChatTokenizer
 from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import ConfigError, component_config
-from skyrl_core.generator import EpisodeCallback
-from skyrl_core.plugins import get_registry
+from skyrl_core.plugins import get_plugin_manager, get_registry
 from skyrl_rlm_repl.budget import RolloutBudget, TokenBudgetExhausted
 from skyrl_rlm_repl.config import SubcallLimits
 from skyrl_rlm_repl.env import task_context
@@ -61,6 +60,7 @@ class TreeNode:
     root_id: str
     frozen: bool = False
     context: Any = None
+    sub_calls: int = 0
     children: list[TreeNode] = field(default_factory=list)
 
     @property
@@ -106,12 +106,11 @@ class RLMTreeGenerator(MultiTurnGenerator):
     config: RLMTreeConfig
 
     def __init__(self, config: GeneratorConfig, *, engine: InferenceEngine, tokenizer: ChatTokenizer,
-                 env_id: str, env_config: EnvConfig | Mapping[str, Any] | None = None,
-                 on_episode_end: EpisodeCallback | None = None) -> None:
+                 env_id: str, env_config: EnvConfig | Mapping[str, Any] | None = None) -> None:
         if not isinstance(config, RLMTreeConfig):
             config = RLMTreeConfig(**config.model_dump())
         super().__init__(config, engine=BudgetedEngine(engine), tokenizer=tokenizer, env_id=env_id,
-                         env_config=env_config, on_episode_end=on_episode_end)
+                         env_config=env_config)
         limits = getattr(self.env_config, "subcalls", None)
         if not isinstance(limits, SubcallLimits):
             raise ConfigError(f"generator rlm_tree needs an env whose config has 'subcalls' limits "
@@ -122,8 +121,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
             sub = make_engine(config.sub_engine)
             self.sub_runner = RLMTreeGenerator(
                 config.model_copy(update={"sub_engine": None}), engine=sub,
-                tokenizer=getattr(sub, "tokenizer", None) or tokenizer, env_id=env_id, env_config=self.env_config,
-                on_episode_end=on_episode_end)
+                tokenizer=getattr(sub, "tokenizer", None) or tokenizer, env_id=env_id, env_config=self.env_config)
             self.sub_runner.sub_runner = self.sub_runner
 
     # -- batches -------------------------------------------------------------------------------
@@ -189,6 +187,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
         return handle
 
     async def _one(self, node: TreeNode, request: SubcallRequest, prompt: str, context: Any) -> Any:
+        node.sub_calls += 1
         size = len(prompt) + (len(json.dumps(context, default=str)) if context is not None else 0)
         if size > self.limits.max_prompt_chars:
             node.budget.refusals += 1
@@ -236,8 +235,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
                 await runner.run_episode(trajectory)
             finally:
                 _NODE.reset(token)
-        if runner.on_episode_end is not None:
-            runner.on_episode_end(trajectory)
+        get_plugin_manager().hook.on_rollout_end(trajectory=trajectory)
         return child_answer(trajectory)
 
 

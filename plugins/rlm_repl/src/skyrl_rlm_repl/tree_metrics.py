@@ -1,6 +1,7 @@
 """Batch metrics of rollout trees, per depth: episodes, sub-calls, rewards, sandbox errors and timeouts.
 
 Keys: ``rlm/depth{d}/episodes|reward_mean|sub_calls|sandbox_errors|sandbox_timeouts|final_answer_rate``
+(``sub_calls``: prompts sent by REPLs at that depth, refused ones included)
 and per rollout ``rlm/depth_reached_mean|max``, ``rlm/sub_calls_mean``, ``rlm/tokens_mean``,
 ``rlm/refusals``.
 """
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from skyrl_rlm_repl.tree import TreeNode
 
-_SUMMED = ("sub_calls", "sandbox_errors", "sandbox_timeouts")
+_SUMMED = ("sandbox_errors", "sandbox_timeouts")
 
 
 def tree_metrics(roots: Sequence[TreeNode]) -> dict[str, float]:
@@ -34,6 +35,7 @@ def tree_metrics(roots: Sequence[TreeNode]) -> dict[str, float]:
         out[prefix + "reward_mean"] = sum(n.trajectory.reward for n in nodes) / len(nodes)
         out[prefix + "final_answer_rate"] = sum(n.trajectory.metrics.get("final_answer_given", 0.0)
                                                 for n in nodes) / len(nodes)
+        out[prefix + "sub_calls"] = float(sum(n.sub_calls for n in nodes))
         for key in _SUMMED:
             out[prefix + key] = sum(n.trajectory.metrics.get(key, 0.0) for n in nodes)
     out["rlm/depth_reached_mean"] = sum(reached) / len(reached)
