@@ -28,6 +28,7 @@ from skyrl_core.factory import ConfigError, component_config
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.plugins import get_registry
 from skyrl_core.testing.tokenizers import make_tokenizer
+from skyrl_core.trajectory import TrajectoryBatch
 
 MODEL = "tiny-chatml"
 PROMPT = [3, 17, 42, 99, 7]
@@ -438,3 +439,18 @@ async def test_a_failing_request_ends_only_its_own_episode(tok):
     failed = [t for t in trajectories if t.error is not None]
     assert len(failed) == 1 and "HTTP 400" in failed[0].error and "prompt is too long" in failed[0].error
     assert sorted(t.reward for t in trajectories) == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_skyrl_rollout_cli_runs_episodes_on_the_openai_engine(tok, tmp_path, skyrl_cli):
+    tok.save_pretrained(tmp_path / "tok")
+    out = tmp_path / "rollouts.jsonl"
+    with OpenAIServer(tok, models=[MODEL], responder=reverse_text_responder(tok)) as server:
+        result = skyrl_cli("rollout", "--env", "reverse_text", "--engine", "openai", "--model", MODEL,
+                           "--n-tasks", "3", "--samples", "2", "--out", str(out),
+                           f"engine.base_url={server.url}", f"engine.tokenizer={tmp_path / 'tok'}")
+    assert result.exit_code == 0, result.output
+    assert "wrote 6 trajectories" in result.output
+    trajectories = list(TrajectoryBatch.from_jsonl(out))
+    assert [t.reward for t in trajectories] == [1.0] * 6
+    sent_by_prompt = {tuple(r.body["prompt"]): r.sent for r in server.requests_to("/v1/completions")}
+    assert all(t.response_ids == sent_by_prompt[tuple(t.prompt_ids)].token_ids for t in trajectories)
