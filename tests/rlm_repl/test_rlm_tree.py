@@ -1,0 +1,195 @@
+"""Generator rlm_tree with a scripted policy: tree links, batch layout, limits, metrics, no deadlock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import CONTEXT_TASK, repl, scripted_policy
+
+from skyrl_core.factory import ConfigError
+from skyrl_rlm_repl.tree import RLMTreeConfig, RLMTreeGenerator, child_answer
+
+CHILD_ANSWER = repl("FINAL(['Notes: the capital of France is Paris.'])")
+
+
+def make_generator(tokenizer, choose, *, env=None, **config):
+    options = {"n_samples_per_prompt": 1, "max_tokens_per_turn": 200, "max_context_length": 6000,
+               "max_total_tokens": 3000, **config}
+    return RLMTreeGenerator(RLMTreeConfig(**options), engine=scripted_policy(tokenizer, choose), tokenizer=tokenizer,
+                            env_id="rlm_repl", env_config={"max_turns": 3, **(env or {})})
+
+
+def coordinator(code: str, child_reply: str = CHILD_ANSWER):
+    """Roots run ``code`` then FINAL the variable ``out``; children (prompts starting CHILD) answer at once."""
+
+    def choose(first_user: str, last_user: str, turn: int) -> str:
+        if first_user.startswith("CHILD"):
+            return child_reply
+        return repl(code) if turn == 0 else repl("FINAL_VAR('out')")
+
+    return choose
+
+
+def observations(trajectory):
+    return "\n".join(m["content"] for turn in trajectory.turns for m in turn.observation)
+
+
+async def test_children_link_to_their_root_and_follow_all_roots_in_the_batch(tokenizer):
+    gen = make_generator(tokenizer, coordinator("out = rlm_query_batched(['CHILD a', 'CHILD b'])\nprint(out)"))
+    tasks = [{**CONTEXT_TASK, "id": "t1"}, {**CONTEXT_TASK, "id": "t2"}]
+    batch = await gen.generate(tasks, n_samples=2)
+    roots, children = batch.trajectories[:4], batch.trajectories[4:]
+    assert [(r.group_id, r.sample_index, r.parent_id) for r in roots] == [
+        ("t1", 0, None), ("t1", 1, None), ("t2", 0, None), ("t2", 1, None)]
+    assert len(children) == 8
+    for index, child in enumerate(children):
+        root = roots[index // 2]
+        assert (child.parent_id, child.depth, child.group_id, child.sample_index) == (
+            root.id, 1, root.group_id, root.sample_index)
+        assert child.task["rlm"] == {"depth": 1, "parent_id": root.id, "root_id": root.id,
+                                     "child_index": index % 2, "papers": False}
+        assert child.task["prompt"] == ("CHILD a", "CHILD b")[index % 2]
+        assert child.stop_reason == "terminated" and child.reward == 1.0  # its snippet is grounded
+        assert sum(child.loss_mask) > 0 and child.error is None
+    # The root's code received the children's list answers, in order.
+    assert "[['Notes: the capital of France is Paris.'], ['Notes: the capital" in observations(roots[0])
+    assert batch.children_of(roots[0].id) == children[:2]
+
+
+async def test_step_wise_children_are_split_and_point_to_the_parent_episode(tokenizer):
+    gen = make_generator(tokenizer, coordinator("out = rlm_query('CHILD a')"), step_wise=True)
+    batch = await gen.generate([CONTEXT_TASK])
+    root_steps = [t for t in batch if t.depth == 0]
+    child_steps = [t for t in batch if t.depth == 1]
+    assert [t.step_index for t in root_steps] == [0, 1] and len(child_steps) == 1
+    assert child_steps[0].parent_id == root_steps[0].id.rsplit("-s", 1)[0]
+    assert child_steps[0].id.endswith("-s0") and child_steps[0].is_last_step
+
+
+async def test_llm_query_is_a_plain_completion_on_the_policy(tokenizer):
+    def choose(first_user, last_user, turn):
+        if first_user == "say hi":
+            return "hi there"
+        return repl("out = llm_query('say hi')", "print(out)") if turn == 0 else repl("FINAL_VAR('out')")
+
+    batch = await make_generator(tokenizer, choose).generate([CONTEXT_TASK])
+    assert len(batch) == 1  # llm_query completions are not episodes
+    root = batch.trajectories[0]
+    assert "hi there" in observations(root) and root.turns[-1].info["final_answer"] == "hi there"
+    assert batch.metrics["rlm/depth0/sub_calls"] == 1.0 and "rlm/depth1/episodes" not in batch.metrics
+
+
+async def test_depth_limit_allows_grandchildren_up_to_max_depth_only(tokenizer):
+    def choose(first_user, last_user, turn):
+        if first_user.startswith("GRAND"):
+            return repl("FINAL(rlm_query('too deep'))")
+        if first_user.startswith("CHILD"):
+            return repl("FINAL(rlm_query('GRAND x'))")
+        return repl("out = rlm_query('CHILD a')", "print(out)") if turn == 0 else repl("FINAL_VAR('out')")
+
+    gen = make_generator(tokenizer, choose, env={"subcalls": {"max_depth": 2}})
+    batch = await gen.generate([CONTEXT_TASK])
+    depths = [t.depth for t in batch]
+    assert depths == [0, 1, 2]
+    root, child, grandchild = batch.trajectories
+    assert grandchild.parent_id == child.id and grandchild.task["rlm"]["root_id"] == root.id
+    refusal = "Error: rlm_query refused: max_depth=2 reached: this REPL is at depth 2"
+    assert grandchild.turns[-1].info["final_answer"].startswith(refusal)
+    assert batch.metrics["rlm/depth_reached_max"] == 2.0 and batch.metrics["rlm/refusals"] == 1.0
+    assert root.metrics["tree_episodes"] == 3.0 and root.metrics["tree_depth_reached"] == 2.0
+
+
+@pytest.mark.parametrize(("env", "code", "expected"), [
+    ({"subcalls": {"max_depth": 0}}, "out = rlm_query('CHILD a')",
+     "Error: rlm_query refused: max_depth=0 reached: this REPL is at depth 0"),
+    ({"subcalls": {"max_sub_calls": 1}}, "out = rlm_query_batched(['CHILD a', 'CHILD b'])",
+     "Error: rlm_query_batched refused: max_sub_calls=1 sub-calls per rollout are used up."),
+    ({"subcalls": {"max_batch_size": 2}}, "out = llm_query_batched(['a', 'b', 'c'])",
+     "Error: llm_query_batched refused: 3 prompts in one call; max_batch_size=2."),
+    ({"subcalls": {"max_prompt_chars": 50}}, "out = llm_query('x' * 60)",
+     "Error: llm_query refused: prompt and context hold 60 characters; max_prompt_chars=50."),
+    ({}, "out = rlm_query_batched(['CHILD a', 'CHILD b'], context_list=['only one'])",
+     "Error: rlm_query_batched: context_list must be a list with one entry per prompt (2 prompts, got 1 contexts)"),
+    ({}, "out = llm_query(['not', 'a', 'string'])",
+     "Error: llm_query(prompt): prompt must be a string, got list"),
+])
+async def test_limits_and_bad_calls_return_error_strings_to_the_code(tokenizer, env, code, expected):
+    gen = make_generator(tokenizer, coordinator(code + "\nprint(out)"), env=env)
+    batch = await gen.generate([CONTEXT_TASK])
+    assert expected in observations(batch.trajectories[0])
+    assert batch.trajectories[0].turns[-1].info["final_answer"]  # the root still answered
+
+
+async def test_token_budget_is_shared_by_the_tree_and_refuses_further_calls(tokenizer):
+    long_child = repl("FINAL('" + "word " * 120 + "')")
+    gen = make_generator(tokenizer, coordinator("first = rlm_query('CHILD a')\nout = llm_query('more?')\nprint(out)",
+                                                child_reply=long_child),
+                         env={"subcalls": {"max_total_tokens": 400}})
+    batch = await gen.generate([CONTEXT_TASK])
+    root = batch.trajectories[0]
+    assert "Error: llm_query refused: max_total_tokens=400 tokens per rollout are used up." in observations(root)
+    assert root.metrics["tree_tokens"] >= 400
+
+
+async def test_child_without_final_answer_reports_why(tokenizer):
+    gen = make_generator(tokenizer, coordinator("out = rlm_query('CHILD a')\nprint(out)",
+                                                child_reply=repl("print('thinking')")),
+                         env={"max_turns": 2})
+    batch = await gen.generate([CONTEXT_TASK])
+    assert "Error: rlm_query child ended without a final answer (truncated)." in observations(batch.trajectories[0])
+    assert batch.trajectories[1].stop_reason == "truncated"
+
+
+async def test_per_depth_metrics_count_episodes_calls_rewards_and_sandbox_trouble(tokenizer):
+    gen = make_generator(tokenizer, coordinator("out = rlm_query_batched(['CHILD a', 'CHILD b'])",
+                                                child_reply=repl("1/0") + "\nFINAL(['made up'])"))
+    batch = await gen.generate([CONTEXT_TASK], n_samples=2)
+    m = batch.metrics
+    assert m["rlm/depth0/episodes"] == 2.0 and m["rlm/depth1/episodes"] == 4.0
+    assert m["rlm/depth0/sub_calls"] == 4.0 and m["rlm/depth1/sub_calls"] == 0.0
+    assert m["rlm/depth1/sandbox_errors"] == 4.0 and m["rlm/depth1/reward_mean"] == 0.0  # ungrounded answers
+    assert m["rlm/depth1/final_answer_rate"] == 1.0 and m["rlm/sub_calls_mean"] == 2.0
+
+
+async def test_64_concurrent_roots_with_batched_children_finish_without_deadlock(tokenizer, evidence_tasks):
+    code = ("ids = list(context)\n"
+            "out = rlm_query_batched(['CHILD quote ' + i for i in ids[:2]], context_list=[context[i] for i in ids[:2]])")
+
+    def choose(first_user, last_user, turn):
+        if first_user.startswith("CHILD"):
+            return repl("FINAL([h['text'] for h in search('the')][:1])")
+        return repl(code) if turn == 0 else repl("FINAL([s for answer in out for s in answer])")
+
+    gen = make_generator(tokenizer, choose, env={"subcalls": {"max_concurrent_children": 2}})
+    batch = await asyncio.wait_for(gen.generate(evidence_tasks[:8], n_samples=8), timeout=600)
+    roots = batch.roots()
+    assert len(roots) == 64 and len(batch) == 64 + 128
+    assert all(r.stop_reason == "terminated" and r.error is None for r in roots)
+    root_ids = {r.id for r in roots}
+    for child in batch.trajectories[64:]:
+        assert child.parent_id in root_ids and child.depth == 1 and child.stop_reason == "terminated"
+    assert all(len(batch.children_of(r.id)) == 2 for r in roots)
+    assert batch.metrics["rlm/depth1/episodes"] == 128.0 and batch.metrics["rlm/depth1/reward_mean"] == 1.0
+
+
+def test_child_answer_turns_list_literals_into_lists():
+    from skyrl_core import Trajectory, Turn
+
+    def ended(answer):
+        return Trajectory(turns=[Turn(action="", observation=[], info={"final_answer": answer})])
+
+    assert child_answer(ended("['a', 'b']")) == ["a", "b"]
+    assert child_answer(ended("42")) == "42"
+    assert child_answer(Trajectory(stop_reason="truncated")).startswith("Error: rlm_query child ended")
+
+
+def test_env_without_subcall_limits_is_rejected(tokenizer):
+    with pytest.raises(ConfigError, match="generator rlm_tree needs an env whose config has 'subcalls'"):
+        RLMTreeGenerator(RLMTreeConfig(), engine=scripted_policy(tokenizer, lambda *a: ""), tokenizer=tokenizer,
+                         env_id="reverse_text")
+
+
+def test_sub_engine_section_needs_an_id():
+    with pytest.raises(ValueError, match="sub_engine needs an 'id'"):
+        RLMTreeConfig(sub_engine={"base_url": "http://127.0.0.1:1"})
