@@ -17,7 +17,7 @@ from typing import Any
 from skyrl_core import EnvConfig, StepResult, TextEnv
 from skyrl_sql.config import SQLEnvConfig
 from skyrl_sql.data.builtin import builtin_rows
-from skyrl_sql.data.loaders import load_questions, resolve_database
+from skyrl_sql.data.loaders import DatasetError, load_questions, resolve_database
 from skyrl_sql.prompts import system_prompt, user_prompt
 from skyrl_sql.render import INVALID_ACTION, observation, result_body
 from skyrl_sql.result import QueryRequest, QueryResult
@@ -162,7 +162,7 @@ class SQLEnv(TextEnv):
         if not files:
             return builtin_rows(split)
         if split not in files:
-            raise ValueError(f"env.data_files has no split {split!r}; it has: {', '.join(sorted(files))}")
+            raise DatasetError(f"env.data_files has no split {split!r}; it has: {', '.join(sorted(files))}")
         return load_questions(files[split])
 
 

@@ -29,27 +29,26 @@ def execute(conn: Any, request: QueryRequest) -> QueryResult:
     return _duckdb_execute(conn, request)
 
 
-def connect(engine: str, db_path: str, max_bytes: int) -> Any:
+def connect(engine: str, db_path: str, memory_mb: int) -> Any:
     if not Path(db_path).is_file():
         raise FileNotFoundError(f"database file {db_path} does not exist")
     if engine == "sqlite":
-        return _sqlite_connect(db_path, max_bytes)
+        return _sqlite_connect(db_path)
     if engine == "duckdb":
-        return _duckdb_connect(db_path)
+        return _duckdb_connect(db_path, memory_mb)
     raise ValueError(f"unknown engine {engine!r}; use 'sqlite' or 'duckdb'")
 
 
 # -- SQLite ---------------------------------------------------------------------------------------
 
 
-def _sqlite_connect(db_path: str, max_bytes: int) -> sqlite3.Connection:
+def _sqlite_connect(db_path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(f"file:{quote(db_path)}?mode=ro", uri=True, isolation_level=None,
                            check_same_thread=False)
     conn.execute("PRAGMA query_only = ON")
     conn.execute("PRAGMA trusted_schema = OFF")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(max_bytes, 1_000))
     conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
     return conn
 
@@ -57,6 +56,7 @@ def _sqlite_connect(db_path: str, max_bytes: int) -> sqlite3.Connection:
 def _sqlite_execute(conn: sqlite3.Connection, request: QueryRequest) -> QueryResult:
     guard = SQLiteGuard()
     deadline = time.monotonic() + request.timeout_s
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(request.max_bytes, 1_000))  # no single giant value
     conn.set_authorizer(guard)
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_EVERY)
     try:
@@ -79,13 +79,18 @@ def _sqlite_execute(conn: sqlite3.Connection, request: QueryRequest) -> QueryRes
 # -- DuckDB ---------------------------------------------------------------------------------------
 
 
-def _duckdb_connect(db_path: str) -> Any:
+def _duckdb_connect(db_path: str, memory_mb: int) -> Any:
     import duckdb
 
-    return duckdb.connect(db_path, read_only=True, config={
-        "enable_external_access": False, "autoinstall_known_extensions": False,
-        "autoload_known_extensions": False, "threads": 1, "lock_configuration": True,
+    conn = duckdb.connect(db_path, read_only=True, config={
+        "threads": 1, "memory_limit": f"{max(memory_mb // 2, 32)}MB", "temp_directory": "",
+        "autoinstall_known_extensions": False, "autoload_known_extensions": False,
     })
+    # Order matters: each setting below would forbid changing the ones after it.
+    for statement in ("SET enable_progress_bar = false", "SET enable_external_access = false",
+                      "SET lock_configuration = true"):
+        conn.execute(statement)
+    return conn
 
 
 def _duckdb_execute(conn: Any, request: QueryRequest) -> QueryResult:

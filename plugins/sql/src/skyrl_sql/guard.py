@@ -27,17 +27,10 @@ _FORBIDDEN_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "ed
 
 
 class SQLiteGuard:
-    """``sqlite3`` authorizer allowing reads only; remembers why it last refused something."""
+    """``sqlite3`` authorizer allowing reads only; remembers why it first refused something."""
 
     def __init__(self) -> None:
-        self._reasons: list[tuple[bool, str]] = []
-
-    @property
-    def refusal(self) -> str | None:
-        """The most telling reason: a DROP/CREATE rather than the schema-table write it implies."""
-        if not self._reasons:
-            return None
-        return min(self._reasons, key=lambda item: item[0])[1]
+        self.refusal: str | None = None
 
     def __call__(self, action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
         if action in _SQLITE_ALLOWED:
@@ -46,16 +39,18 @@ class SQLiteGuard:
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in SCHEMA_PRAGMAS:
             return sqlite3.SQLITE_OK
-        implied = action in _ROW_WRITES and (arg1 or "").lower().startswith("sqlite_")
         what = _SQLITE_NAMES.get(action, f"operation {action}").replace("_", " ")
-        if action == sqlite3.SQLITE_PRAGMA:
+        if action in _ROW_WRITES and (arg1 or "").lower().startswith("sqlite_"):
+            what = "Changing the schema (CREATE, DROP, ALTER)"  # SQLite reports DDL as a schema-table write
+        elif action == sqlite3.SQLITE_PRAGMA:
             what = f"PRAGMA {arg1}" + (f" = {arg2}" if arg2 is not None else "")
         elif action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
             what = f"{what} (other database files are not reachable)"
-        return self._deny(f"{what} is not allowed.", implied)
+        return self._deny(f"{what} is not allowed.")
 
-    def _deny(self, reason: str, implied: bool = False) -> int:
-        self._reasons.append((implied, reason))
+    def _deny(self, reason: str) -> int:
+        if self.refusal is None:
+            self.refusal = reason
         return sqlite3.SQLITE_DENY
 
 

@@ -40,7 +40,7 @@ def result_body(result: QueryResult, *, max_rows: int, max_bytes: int, shown_row
     if len(rows) < len(result.rows):
         total = f"{len(result.rows):,}{'+' if result.cut else ''}"
         notes.append(f"Showing the first {len(rows)} of {total} rows.")
-    if not result.rows:
+    if not result.rows and not result.cut:
         notes.append("The query returned no rows.")
     return "\n".join([table, *notes]) if table else "\n".join(notes)
 

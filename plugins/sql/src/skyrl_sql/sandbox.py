@@ -56,7 +56,10 @@ class Worker:
         self.process = subprocess.Popen(settings.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=env, close_fds=True)
         self._buffer = b""
-        ready = self._read_line(time.monotonic() + START_TIMEOUT_S)
+        try:
+            ready = self._read_line(time.monotonic() + START_TIMEOUT_S)
+        except EOFError:
+            ready = None
         if ready is None or not json.loads(ready).get("ready"):
             self.kill()
             raise SandboxError(f"SQL sandbox process failed to start (exit code {self.process.poll()}); "
@@ -69,13 +72,13 @@ class Worker:
             self.process.stdin.flush()
         except BrokenPipeError:
             return self._crashed()
-        line = self._read_line(time.monotonic() + request.timeout_s + GRACE_S)
-        if line is None:
-            if self.process.poll() is None:
-                self.kill()
-                return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s "
-                                                      f"and was stopped.")
+        try:
+            line = self._read_line(time.monotonic() + request.timeout_s + GRACE_S)
+        except EOFError:
             return self._crashed()
+        if line is None:
+            self.kill()
+            return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s and was stopped.")
         reply = json.loads(line)
         if "infra_error" in reply:
             raise SandboxError(reply["infra_error"])
@@ -87,7 +90,7 @@ class Worker:
                                               "and was stopped.")
 
     def _read_line(self, deadline: float) -> bytes | None:
-        """One reply line, or ``None`` if the deadline passes or the process closes its output."""
+        """One reply line, or ``None`` if the deadline passes; ``EOFError`` if the process closed its output."""
         assert self.process.stdout is not None
         fd = self.process.stdout.fileno()
         while b"\n" not in self._buffer:
@@ -96,7 +99,7 @@ class Worker:
                 return None
             chunk = os.read(fd, 1 << 20)
             if not chunk:
-                return None
+                raise EOFError("the sandbox process closed its output")
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from skyrl_core.data import DataError
 from skyrl_sql.data.questions import QUESTIONS
 from skyrl_sql.data.schemas import SCHEMAS, Schema
 
@@ -75,7 +76,7 @@ def _insert(conn: Any, table: str, values: list[tuple]) -> None:
 def builtin_rows(split: str) -> list[dict[str, Any]]:
     """Task rows of a built-in split: every fourth question is in ``test``, the rest in ``train``."""
     if split not in SPLITS:
-        raise ValueError(f"the built-in sql dataset has no split {split!r}; splits: {', '.join(SPLITS)}")
+        raise DataError(f"the built-in sql dataset has no split {split!r}; splits: {', '.join(SPLITS)}")
     rows = []
     for index, q in enumerate(QUESTIONS):
         if (split == "test") == (index % 4 == 3):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from skyrl_core.data import DataError
 from skyrl_sql.data.builtin import EXTENSIONS, ensure_builtin_databases
 
 GOLD_FIELDS = ("reward_spec.ground_truth", "query", "SQL", "sql", "gold_sql")
@@ -22,7 +23,7 @@ BENCHMARK_FOLDERS = {"synsql": "SynSQL-2.5M/databases", "spider": "spider/databa
                      "bird": "bird/train/train_databases"}
 
 
-class DatasetError(ValueError):
+class DatasetError(DataError):
     """A question file or one of its rows is unusable; the message names the file and row."""
 
 

@@ -1,0 +1,21 @@
+"""The built-in databases are generated once per test session into a temporary folder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sql_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    cache = tmp_path_factory.mktemp("skyrl_sql_cache")
+    previous = os.environ.get("SKYRL_SQL_CACHE")
+    os.environ["SKYRL_SQL_CACHE"] = str(cache)
+    yield cache
+    if previous is None:
+        os.environ.pop("SKYRL_SQL_CACHE", None)
+    else:
+        os.environ["SKYRL_SQL_CACHE"] = previous

@@ -1,0 +1,40 @@
+"""Helpers shared by the skyrl-sql tests."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skyrl_sql.data.builtin import builtin_rows
+from skyrl_sql.env import SQLEnv
+
+HAS_DUCKDB = importlib.util.find_spec("duckdb") is not None
+ENGINES = ["sqlite", pytest.param("duckdb", marks=pytest.mark.skipif(not HAS_DUCKDB, reason="needs duckdb"))]
+THINK = "<think>Let me look.</think>\n"
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file in a folder, so a test also notices journal or WAL files appearing."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def task(db_id: str = "company", split: str = "train") -> dict[str, Any]:
+    return next(row for row in builtin_rows(split) if row["db_id"] == db_id)
+
+
+def started_env(engine: str = "sqlite", row: dict[str, Any] | None = None, **options: Any) -> SQLEnv:
+    env = SQLEnv(row or task(), {"engine": engine, **options})
+    env.reset(seed=0)
+    return env
+
+
+def query(env: SQLEnv, sql: str) -> str:
+    """Run one exploration turn and return the observation text."""
+    result = env.step(f"{THINK}<sql>{sql}</sql>")
+    assert not result.terminated and not result.info.get("error"), result.info
+    return result.observation[0]["content"]

@@ -1,0 +1,176 @@
+"""Hostile queries: each is refused or stopped with the promised observation, and the database
+files stay byte-identical (no journal or WAL file appears either)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from sql_helpers import ENGINES, HAS_DUCKDB, folder_digest, query, started_env
+
+from skyrl_sql.result import QueryRequest
+from skyrl_sql.sandbox import QueryRunner, SandboxSettings
+
+FOREVER = {
+    "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n",
+    "duckdb": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n",
+}
+# 60 employees ** 4 = about 13 million rows.
+MILLIONS = "SELECT a.id, b.id, c.id, d.id FROM employees a, employees b, employees c, employees d"
+
+SHARED = [
+    ("INSERT INTO departments VALUES (99, 'Evil', 'Nowhere')", "Refused: INSERT"),
+    ("UPDATE employees SET salary = 0", "Refused: UPDATE"),
+    ("DELETE FROM employees", "Refused: DELETE"),
+    ("DROP TABLE employees", "Refused:"),
+    ("CREATE TABLE loot AS SELECT * FROM employees", "Refused:"),
+    ("ALTER TABLE employees ADD COLUMN x INTEGER", "Refused:"),
+    ("ATTACH DATABASE 'other.db' AS other", "Refused: ATTACH"),
+    ("BEGIN TRANSACTION", "Refused:"),
+]
+SQLITE_ONLY = [
+    ("PRAGMA journal_mode = WAL", "Refused: PRAGMA journal_mode"),
+    ("PRAGMA user_version = 7", "Refused: PRAGMA user_version"),
+    ("PRAGMA query_only = 0", "Refused: PRAGMA query_only"),
+    ("PRAGMA writable_schema = 1", "Refused: PRAGMA writable_schema"),
+    ("SELECT load_extension('/tmp/evil.so')", "Refused: the function load_extension()"),
+    ("VACUUM INTO 'copy.db'", "Refused:"),
+    ("REINDEX", ""),
+    ("SELECT 1; DROP TABLE employees", "Error executing SQL: You can only execute one statement at a time"),
+]
+DUCKDB_ONLY = [
+    ("SET enable_external_access = true", "Refused: SET"),
+    ("PRAGMA enable_profiling", "Refused: PRAGMA enable_profiling"),
+    ("INSTALL httpfs", "Refused: LOAD"),
+    ("LOAD '/tmp/evil.duckdb_extension'", "Refused: LOAD"),
+    ("COPY employees TO 'stolen.csv'", "Refused: COPY"),
+    ("EXPORT DATABASE 'dump'", "Refused: EXPORT"),
+    ("SELECT * FROM read_csv('/etc/passwd')", "file system operations are disabled"),
+    ("CHECKPOINT", "Refused:"),
+    ("SELECT 1; DROP TABLE employees", "Error executing SQL: write exactly one statement per query, got 2"),
+]
+CASES = ([("sqlite", s, e) for s, e in SHARED + SQLITE_ONLY]
+         + [pytest.param("duckdb", s, e, marks=pytest.mark.skipif(not HAS_DUCKDB, reason="needs duckdb"))
+            for s, e in SHARED + DUCKDB_ONLY])
+
+
+@pytest.mark.parametrize(("engine", "sql", "expected"), CASES)
+def test_writes_and_escapes_are_refused_and_leave_the_database_identical(engine, sql, expected):
+    env = started_env(engine)
+    folder = env.database().parent
+    before = folder_digest(folder)
+    text = query(env, sql)
+    assert expected in text
+    assert folder_digest(folder) == before
+    # The connection is still usable and the data intact.
+    assert "60" in query(env, "SELECT COUNT(*) FROM employees")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_query_that_runs_forever_is_stopped_at_the_time_limit(engine):
+    env = started_env(engine, query_timeout_s=0.5)
+    before = folder_digest(env.database().parent)
+    started = time.monotonic()
+    text = query(env, FOREVER[engine])
+    assert "SQL Timeout: the query ran longer than 0.5 s and was stopped." in text
+    assert time.monotonic() - started < 3.0
+    assert folder_digest(env.database().parent) == before
+    assert env.get_metrics()["execution_errors"] == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_cross_join_of_millions_of_rows_is_cut_at_the_row_cap(engine):
+    env = started_env(engine, max_rows=1000)
+    before = folder_digest(env.database().parent)
+    text = query(env, MILLIONS)
+    assert "Row limit hit: the query returned more than 1,000 rows and was cut off." in text
+    assert "Showing the first 50 of 1,000+ rows." in text
+    assert text.count("\n") < 70  # header + 50 rows + notes, not millions
+    assert folder_digest(env.database().parent) == before
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_huge_values_are_cut_at_the_size_cap(engine):
+    wide = ("replace(hex(zeroblob(50000)), '00', 'xx')" if engine == "sqlite" else "repeat('x', 100000)")
+    env = started_env(engine, max_result_bytes=1_000_000)
+    text = query(env, f"SELECT {wide} FROM employees")
+    assert "Size limit hit: the result exceeded 1,000,000 bytes and was cut off after 9 rows." in text
+    assert len(text) < 12_000  # the observation itself stays within max_observation_chars
+
+
+def test_sqlite_refuses_a_single_value_over_the_size_cap():
+    env = started_env("sqlite", max_result_bytes=100_000)
+    assert "Error executing SQL: string or blob too big" in query(env, "SELECT randomblob(10000000)")
+
+
+def _sleep_request(db_path: str, timeout_s: float) -> QueryRequest:
+    return QueryRequest("sqlite", db_path, FOREVER["sqlite"], timeout_s, 10, 100_000)
+
+
+def test_a_frozen_sandbox_process_is_killed_and_replaced():
+    env = started_env("sqlite")
+    db = str(env.database())
+    runner = QueryRunner(SandboxSettings(workers=1))
+    try:
+        assert runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000)).rows == [(1,)]
+        (worker,) = runner._all
+        os.kill(worker.process.pid, signal.SIGSTOP)  # it can no longer stop its own query
+        started = time.monotonic()
+        result = runner.run(_sleep_request(db, 0.3))
+        assert result.status == "timeout" and "stopped" in result.message
+        assert time.monotonic() - started < 5.0
+        assert worker.process.poll() is not None
+        assert runner.run(QueryRequest("sqlite", db, "SELECT 2", 5.0, 10, 1000)).rows == [(2,)]
+    finally:
+        runner.close()
+
+
+def test_a_sandbox_process_that_dies_mid_query_gives_crashed_and_is_replaced():
+    env = started_env("sqlite")
+    db = str(env.database())
+    runner = QueryRunner(SandboxSettings(workers=1))
+    try:
+        runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000))
+        (worker,) = runner._all
+        threading.Timer(0.3, os.kill, (worker.process.pid, signal.SIGKILL)).start()
+        result = runner.run(_sleep_request(db, 10.0))
+        assert result.status == "crashed"
+        assert runner.run(QueryRequest("sqlite", db, "SELECT 3", 5.0, 10, 1000)).rows == [(3,)]
+    finally:
+        runner.close()
+
+
+HUGE_SORT = ("SELECT a.name || b.name || c.name || d.name AS s FROM employees a, employees b, employees c, "
+             "employees d ORDER BY s DESC")  # sorting ~13 million strings needs far more memory than allowed
+
+
+def test_a_memory_hungry_query_fails_inside_the_sandbox_not_the_trainer():
+    env = started_env("sqlite", memory_limit_mb=256, query_timeout_s=30)
+    text = query(env, HUGE_SORT)
+    assert "SQL Crashed: the query needed more memory than the limit and was stopped." in text
+    assert "60" in query(env, "SELECT COUNT(*) FROM employees")
+
+
+@pytest.mark.skipif(not HAS_DUCKDB, reason="needs duckdb")
+def test_duckdb_memory_limit_gives_an_out_of_memory_error():
+    env = started_env("duckdb", memory_limit_mb=512, query_timeout_s=30)
+    text = query(env, HUGE_SORT)
+    assert "Error executing SQL: Out of Memory Error" in text
+    assert "60" in query(env, "SELECT COUNT(*) FROM employees")
+
+
+bwrap_works = pytest.mark.skipif(
+    os.system("bwrap --ro-bind / / --unshare-all true >/dev/null 2>&1") != 0, reason="bubblewrap unusable here")
+
+
+@bwrap_works
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bwrap_sandbox_runs_queries_and_refuses_writes(engine):
+    env = started_env(engine, sandbox="bwrap")
+    before = folder_digest(env.database().parent)
+    assert "60" in query(env, "SELECT COUNT(*) FROM employees")
+    assert "Refused: DELETE" in query(env, "DELETE FROM employees")
+    assert folder_digest(env.database().parent) == before
