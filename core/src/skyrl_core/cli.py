@@ -132,6 +132,7 @@ def rollout_command(
 
     from skyrl_core.config import build_config
     from skyrl_core.data import DataError, load_tasks
+    from skyrl_core.engine import EngineError
     from skyrl_core.factory import ConfigError, env_class
 
     flags = {"engine": {"id": engine, **({"model": model} if model else {})}, "generator": {"id": generator}}
@@ -141,9 +142,9 @@ def rollout_command(
         rows = load_tasks(env_class(cfg.env_id), cfg.env, split=split, path=str(tasks) if tasks else None,
                           limit=n_tasks or None)
         engine_obj = pm.registry.make("engine", cfg.engine_id, cfg.engine)
-    except (ConfigError, RegistryError, DataError, NotImplementedError) as exc:
+        tokenizer = getattr(engine_obj, "tokenizer", None)
+    except (ConfigError, RegistryError, DataError, EngineError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
-    tokenizer = getattr(engine_obj, "tokenizer", None)
     if tokenizer is None:
         raise _fail(f"engine {cfg.engine_id!r} has no tokenizer; set engine.tokenizer=NAME_OR_PATH")
     gen = pm.registry.make("generator", cfg.generator_id, cfg.generator, engine=engine_obj, tokenizer=tokenizer,
