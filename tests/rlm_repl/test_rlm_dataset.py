@@ -52,8 +52,8 @@ def test_duplicate_ids_unknown_split_and_missing_file(tmp_path):
     path = write_rows(tmp_path / "tasks.jsonl", GOOD, "", GOOD)
     with pytest.raises(DatasetError, match=r"tasks.jsonl:3: duplicate id 'a' \(first on line 1\)"):
         load_tasks(path)
-    with pytest.raises(DatasetError, match="unknown split 'test'; splits: train, validation"):
-        load_tasks(path, "test")
+    with pytest.raises(DatasetError, match="unknown split 'dev'; splits: train, validation, test"):
+        load_tasks(path, "dev")
     with pytest.raises(DatasetError, match="does not exist"):
         load_tasks(tmp_path / "missing.jsonl")
 
@@ -109,7 +109,7 @@ def test_make_dataset_script_writes_valid_tasks_from_a_folder(tmp_path):
     (papers / "retrieval.txt").write_text(PAPER_B, encoding="utf-8")
     out = tmp_path / "tasks.jsonl"
     done = subprocess.run([sys.executable, "-m", "skyrl_rlm_repl.make_dataset", str(papers), str(out),
-                           "--max-tasks", "5", "--validation-fraction", "0"], capture_output=True, text=True, check=True)
+                           "--max-tasks", "5", "--validation-fraction", "0", "--test-fraction", "0"], capture_output=True, text=True, check=True)
     assert "wrote 5 tasks from 2 papers" in done.stdout
     tasks = load_tasks(out)
     assert len(tasks) == 5

@@ -130,7 +130,7 @@ def key_phrases(all_sentences: Sequence[Sentence], max_evidence: int) -> list[tu
 
 
 def make_tasks(papers: dict[str, dict[str, str]], *, max_tasks: int, papers_per_task: int, max_evidence: int,
-               validation_fraction: float, seed: int) -> list[dict[str, Any]]:
+               validation_fraction: float, test_fraction: float, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     tasks: list[dict[str, Any]] = []
     used: list[set[str]] = []
@@ -145,7 +145,8 @@ def make_tasks(papers: dict[str, dict[str, str]], *, max_tasks: int, papers_per_
         others = sorted(set(papers) - set(evidence_papers))
         chosen = evidence_papers + rng.sample(others, max(0, min(len(others), papers_per_task - len(evidence_papers))))
         rng.shuffle(chosen)
-        split = "validation" if rng.random() < validation_fraction else "train"
+        draw = rng.random()
+        split = "validation" if draw < validation_fraction else "test" if draw < validation_fraction + test_fraction else "train"
         tasks.append({"id": f"ev{len(tasks):04d}", "split": split,
                       "question": rng.choice(QUESTIONS).format(term=f'"{phrase}"'),
                       "papers": {p: papers[p] for p in chosen},
@@ -160,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tasks", type=int, default=40)
     parser.add_argument("--papers-per-task", type=int, default=4)
     parser.add_argument("--max-evidence", type=int, default=4, help="most gold sentences per question")
-    parser.add_argument("--validation-fraction", type=float, default=0.2)
+    parser.add_argument("--validation-fraction", type=float, default=0.15)
+    parser.add_argument("--test-fraction", type=float, default=0.15)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     files = sorted(args.papers_dir.glob("*.txt"))
@@ -169,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     papers = {f.stem: read_paper(f) for f in files}
     tasks = make_tasks(papers, max_tasks=args.max_tasks, papers_per_task=args.papers_per_task,
-                       max_evidence=args.max_evidence, validation_fraction=args.validation_fraction, seed=args.seed)
+                       max_evidence=args.max_evidence, validation_fraction=args.validation_fraction,
+                       test_fraction=args.test_fraction, seed=args.seed)
     for number, task in enumerate(tasks, 1):
         try:
             validate_row(task)
@@ -180,9 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with args.out.open("w", encoding="utf-8") as f:
         for task in tasks:
             f.write(json.dumps(task, ensure_ascii=False) + "\n")
-    splits = {s: sum(t["split"] == s for t in tasks) for s in ("train", "validation")}
-    print(f"wrote {len(tasks)} tasks from {len(papers)} papers to {args.out} ({splits['train']} train, "
-          f"{splits['validation']} validation)")
+    splits = ", ".join(f"{sum(t['split'] == s for t in tasks)} {s}" for s in ("train", "validation", "test"))
+    print(f"wrote {len(tasks)} tasks from {len(papers)} papers to {args.out} ({splits})")
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from skyrl_rlm_repl.evidence.reward import SourceIndex
 
 BUILTIN_PATH = Path(__file__).with_name("data") / "evidence_tasks.jsonl"
-SPLITS = ("train", "validation")
+SPLITS = ("train", "validation", "test")
 
 
 class DatasetError(ValueError):
