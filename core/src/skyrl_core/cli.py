@@ -36,7 +36,7 @@ def main() -> None:
 def _fail(message: str, code: int = 2) -> typer.Exit:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
     return typer.Exit(code)
 
 
