@@ -13,7 +13,7 @@ SQL_TAG = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
 SOLUTION_TAG = re.compile(r"<solution>(.*?)</solution>", re.DOTALL)
 _TAGS_BANNED_IN_SOLUTION = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_AFTER_OBSERVATION = re.compile(r"</observation>\s*(?!<think>)(\S)")
+_OBSERVATION_END = re.compile(r"</observation>")
 
 
 def has_solution(action: str) -> bool:
@@ -56,6 +56,7 @@ def check_format(history: str, *, require_think: bool = True) -> FormatCheck:
     if require_think:
         if not _THINK_BLOCK.search(history):
             return FormatCheck(False, None, "no <think>...</think> block")
-        if _AFTER_OBSERVATION.search(history[:start]):
-            return FormatCheck(False, None, "a turn after an observation does not start with <think>")
+        for match in _OBSERVATION_END.finditer(history, 0, start):
+            if not history[match.end():].lstrip().startswith("<think>"):
+                return FormatCheck(False, None, "a turn after an observation does not start with <think>")
     return FormatCheck(True, solution)
