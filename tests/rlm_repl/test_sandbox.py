@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxError
 from skyrl_rlm_repl.sandbox.launch import bwrap_problem
 

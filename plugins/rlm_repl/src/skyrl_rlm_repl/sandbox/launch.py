@@ -97,7 +97,7 @@ def make_host_dir() -> Path:
     return host_dir
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bwrap_problem() -> str | None:
     """None when bubblewrap can start the interpreter here; else why not (cached per process)."""
     if shutil.which("bwrap") is None:

@@ -70,8 +70,16 @@ class WorkerProcess:
         """Kill, reap and remove the host folder, blocking (for idle workers never attached)."""
         self._finalizer()
 
-    async def wait(self) -> int:
-        """Kill if needed, reap, remove the host folder; returns the exit status."""
+    async def wait(self, grace_s: float = 0.0) -> int:
+        """Give the worker ``grace_s`` to exit by itself, then kill, reap and remove the host folder.
+
+        Returns the exit status; the grace lets a worker that is dying anyway report its own cause.
+        """
+        if grace_s:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.popen.wait), grace_s)
+            except asyncio.TimeoutError:
+                pass
         self.kill()
         status = await asyncio.to_thread(self.popen.wait)
         self._finalizer()

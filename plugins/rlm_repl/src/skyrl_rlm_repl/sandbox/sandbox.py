@@ -62,6 +62,9 @@ class Sandbox:
             raise SandboxError(f"context must be JSON data (str, list, dict, numbers): {exc}") from None
         if pool is None:
             pool = await asyncio.to_thread(SandboxPool.shared, config)
+        if config.allow_subprocesses and pool.backend != "bwrap":
+            raise SandboxError("allow_subprocesses needs the bwrap backend: a child process would escape the "
+                               f"{pool.backend!r} backend's in-process policy")
         sandbox = cls(config, pool, context_json, scaffold_code, rpc_methods, handler)
         await sandbox._start()
         return sandbox
@@ -136,11 +139,11 @@ class Sandbox:
         if error is not None:
             raise SandboxError(f"the sandbox scaffold failed to load:\n{error}")
 
-    async def _abandon(self, worker: WorkerProcess) -> int | None:
+    async def _abandon(self, worker: WorkerProcess, grace_s: float = 0.0) -> int | None:
         if self._worker is worker:
             self._worker = None
         try:
-            return await asyncio.wait_for(worker.wait(), 10)
+            return await asyncio.wait_for(worker.wait(grace_s), 10)
         except asyncio.TimeoutError:
             return None
 
@@ -168,7 +171,7 @@ class Sandbox:
             reason = (f"Execution exceeded the {self.config.exec_timeout_s:g} s time limit and was stopped.")
             return await self._restart_after(worker, reason, started, timed_out=True)
         except protocol.WorkerGone:
-            status = await self._abandon(worker)
+            status = await self._abandon(worker, grace_s=1.0)
             reason = f"The sandbox worker {worker.describe_exit(status)} while running this code."
             return await self._restart_after(worker, reason, started)
         except protocol.ProtocolViolation as exc:

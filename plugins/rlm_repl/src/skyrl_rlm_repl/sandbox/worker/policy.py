@@ -24,7 +24,7 @@ _WRITE_PATH_EVENTS = frozenset({
 })
 _TWO_PATH_WRITE_EVENTS = frozenset({"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.copytree",
                                     "shutil.move"})
-_KILL_EVENTS = frozenset({"os.kill", "os.killpg", "signal.pthread_kill"})
+_KILL_EVENTS = frozenset({"os.kill", "os.killpg"})
 _BLOCKED_MODULES = frozenset({"ctypes", "_ctypes", "_testcapi", "_testinternalcapi", "_xxsubinterpreters"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _READABLE_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"})
@@ -64,7 +64,7 @@ class SandboxPolicy:
             self._check_path(args[0], writing=True)
         elif event in _PROCESS_EVENTS and not self.allow_subprocesses:
             raise PermissionError(f"starting processes is disabled in the sandbox ({event})")
-        elif event in _KILL_EVENTS and args and args[0] not in (self._own_pid, 0) and event != "signal.pthread_kill":
+        elif event in _KILL_EVENTS and not (event == "os.kill" and args[0] == self._own_pid):
             raise PermissionError(f"sending signals to other processes is disabled in the sandbox ({event})")
         elif event == "import" and args and args[0] in _BLOCKED_MODULES:
             raise PermissionError(f"module {args[0]!r} is disabled in the sandbox")
@@ -93,4 +93,4 @@ class SandboxPolicy:
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == root or path.startswith(root + os.sep) for root in roots)
+    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)

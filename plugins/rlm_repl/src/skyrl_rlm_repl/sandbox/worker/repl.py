@@ -136,7 +136,7 @@ def _make_stub(method: str, send_request: Callable[[str, dict], Any]) -> Callabl
         elif len(args) > len(names):
             raise TypeError(f"{method}() takes at most {len(names)} positional arguments ({', '.join(names)})")
         else:
-            params = {**dict(zip(names, args)), **kwargs}
+            params = {**dict(zip(names, args, strict=False)), **kwargs}
         try:
             json.dumps(params)
         except (TypeError, ValueError) as exc:
