@@ -23,8 +23,9 @@ def folder_digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def task(db_id: str = "company", split: str = "train") -> dict[str, Any]:
-    return next(row for row in builtin_rows(split) if row["db_id"] == db_id)
+def task(row_id: str = "builtin-0") -> dict[str, Any]:
+    """A built-in row; ``builtin-0`` asks "How many employees are there?" (SELECT COUNT(*) FROM employees)."""
+    return next(row for row in builtin_rows("train") + builtin_rows("test") if row["id"] == row_id)
 
 
 def started_env(engine: str = "sqlite", row: dict[str, Any] | None = None, **options: Any) -> SQLEnv:

@@ -74,12 +74,12 @@ def _insert(conn: Any, table: str, values: list[tuple]) -> None:
 
 
 def builtin_rows(split: str) -> list[dict[str, Any]]:
-    """Task rows of a built-in split: every fourth question is in ``test``, the rest in ``train``."""
+    """Task rows of a built-in split: two questions per database (a fixed quarter) form ``test``."""
     if split not in SPLITS:
         raise DataError(f"the built-in sql dataset has no split {split!r}; splits: {', '.join(SPLITS)}")
     rows = []
     for index, q in enumerate(QUESTIONS):
-        if (split == "test") == (index % 4 == 3):
+        if (split == "test") == (index % 4 == (index // 8) % 4):
             rows.append({"id": f"builtin-{index}", "data": "builtin", "db_id": q.db_id, "question": q.question,
                          "external_knowledge": q.external_knowledge, "difficulty": q.difficulty,
                          "reward_spec": {"method": "rule", "ground_truth": q.sql}})
