@@ -193,3 +193,21 @@ def test_env_without_subcall_limits_is_rejected(tokenizer):
 def test_sub_engine_section_needs_an_id():
     with pytest.raises(ValueError, match="sub_engine needs an 'id'"):
         RLMTreeConfig(sub_engine={"base_url": "http://127.0.0.1:1"})
+
+
+async def test_frozen_sub_engine_serves_llm_query_and_children_which_stay_out_of_the_batch(tokenizer):
+    from rlm_openai_server import frozen_model_server
+
+    def frozen(first_user, last_user, turn):
+        return CHILD_ANSWER if first_user.startswith("CHILD") else "frozen says hi"
+
+    policy = coordinator("out = [llm_query('hello'), rlm_query('CHILD a')]\nprint(out)")
+    with frozen_model_server(tokenizer, frozen) as (base_url, seen):
+        gen = make_generator(tokenizer, policy, sub_engine={"id": "openai", "base_url": base_url, "model": "frozen"})
+        batch = await gen.generate([CONTEXT_TASK])
+    assert [t.depth for t in batch] == [0]  # the frozen child played, but is not policy data
+    root = batch.trajectories[0]
+    assert "['frozen says hi', ['Notes: the capital of France is Paris.']]" in observations(root)
+    assert len(seen) == 2 and any("CHILD a" in prompt for prompt in seen)
+    assert len(gen.engine.inner.calls) == 2  # the policy played only the root's two turns
+    assert batch.metrics["rlm/depth1/episodes"] == 1.0 and batch.metrics["rlm/depth1/reward_mean"] == 1.0
