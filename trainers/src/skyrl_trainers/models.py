@@ -61,7 +61,6 @@ def load_model_and_tokenizer(name_or_path: str, *, dtype: Any = None, device: st
     ``dtype`` is a ``torch.dtype``, a name such as ``"bfloat16"``, ``"auto"`` or ``None``
     (``None``/``"auto"``: bfloat16 on CUDA, float32 elsewhere).
     """
-    torch = _require("torch")
     torch_dtype = resolve_dtype(dtype, device)
     if name_or_path == TINY_RANDOM:
         model, tokenizer = build_tiny_random()

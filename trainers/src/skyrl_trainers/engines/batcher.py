@@ -94,7 +94,7 @@ class RequestBatcher(Generic[Item, Result]):
                 if not fut.done():
                     fut.set_exception(exc)
             return
-        for (_, fut), result in zip(batch, results):
+        for (_, fut), result in zip(batch, results, strict=True):
             if fut.done():
                 continue
             if isinstance(result, BaseException):

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
+
 from skyrl_trainers.engines.batcher import RequestBatcher
 from skyrl_trainers.engines.sampling import LogprobMode, RowParams, sample_next
 from skyrl_trainers.engines.weights import copy_named_tensors
@@ -142,7 +142,7 @@ class HFEngine:
         cache, logits, next_position = _cache_of(out), out.logits[:, -1, :], positions[:, -1] + 1
         while True:
             tokens, logprobs = sample_next(logits, [r.row for r in active], self.config.logprobs_mode)
-            keep = [i for i, (r, t, lp) in enumerate(zip(active, tokens.tolist(), logprobs.tolist()))
+            keep = [i for i, (r, t, lp) in enumerate(zip(active, tokens.tolist(), logprobs.tolist(), strict=True))
                     if not self._append(r, t, lp)]
             if not keep:
                 break

@@ -26,8 +26,8 @@ from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
+
 from skyrl_trainers.engines.sampling import LogprobMode
 
 T = TypeVar("T")
@@ -147,7 +147,7 @@ class VLLMEngine:
             raise EngineError("vllm engine: the request finished without output")
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
-        logprobs = [step[token].logprob for token, step in zip(token_ids, completion.logprobs or [])]
+        logprobs = [step[token].logprob for token, step in zip(token_ids, completion.logprobs or [], strict=False)]
         reason = FINISH_REASONS.get(str(completion.finish_reason), "stop")
         return GenerateOutput(token_ids, logprobs if len(logprobs) == len(token_ids) else None, reason,
                               completion.text, metadata={"weight_version": version})

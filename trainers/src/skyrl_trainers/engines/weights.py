@@ -6,7 +6,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-
 from skyrl_core.registry import did_you_mean
 
 # Wrappers that prefix parameter names (torch.compile, DDP/DataParallel, FSDP1, activation checkpointing).

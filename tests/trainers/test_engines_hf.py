@@ -1,0 +1,227 @@
+"""The ``hf`` engine on the real tiny-random model: batching, sampling, logprobs, stops, weight sync."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+from skyrl_core.engine import EngineError, SamplingParams
+from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
+from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
+from skyrl_trainers.models import build_tiny_random
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny_random()
+
+
+@pytest.fixture
+def engine(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(seed=0))
+    yield engine
+    engine.close()
+
+
+def chat_prompts(tokenizer, n):
+    """``n`` chat prompts of different lengths."""
+    texts = [("reverse " + "apple river stone " * (i % 5)).strip() + f" #{i}" for i in range(n)]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for t in texts]
+
+
+def teacher_forced_logprobs(model, prompt, response, temperature=1.0):
+    """Log-probabilities a trainer would compute for ``response`` after ``prompt``."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+
+
+def count_forwards(model):
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+async def test_sixteen_concurrent_requests_decode_as_one_batch_with_unbatched_results(engine):
+    prompts = chat_prompts(engine.tokenizer, 16)
+    alone = [await engine.generate(p, GREEDY) for p in prompts]
+    forwards = count_forwards(engine.model)
+    together = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    assert engine.batch_sizes[-1] == 16
+    assert len(forwards) <= GREEDY.max_tokens  # one prefill + one forward per further token, for all 16
+    for a, b in zip(alone, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert len({tuple(o.token_ids) for o in together}) > 1  # the model answers prompts differently
+
+
+async def test_greedy_logprobs_are_the_models_own(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    out = await engine.generate(prompt, GREEDY)
+    expected = teacher_forced_logprobs(engine.model, prompt, out.token_ids)
+    assert out.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+async def test_sampled_logprobs_follow_the_sampling_temperature(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    params = SamplingParams(max_tokens=12, temperature=0.7, seed=5)
+    out = await engine.generate(prompt, params)
+    expected = teacher_forced_logprobs(engine.model, prompt, out.token_ids, temperature=0.7)
+    assert out.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+async def test_raw_logprob_mode_reports_the_unscaled_model(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(logprobs_mode="raw"))
+    prompt = chat_prompts(tokenizer, 1)[0]
+    out = await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.7, top_k=5, seed=1))
+    assert out.logprobs == pytest.approx(teacher_forced_logprobs(model, prompt, out.token_ids).tolist(), abs=1e-4)
+
+
+async def test_top_k_one_is_greedy_with_certain_logprobs(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    greedy = await engine.generate(prompt, GREEDY)
+    top1 = await engine.generate(prompt, SamplingParams(max_tokens=10, temperature=1.0, top_k=1))
+    assert top1.token_ids == greedy.token_ids
+    assert top1.logprobs == pytest.approx([0.0] * len(top1.token_ids), abs=1e-6)
+
+
+async def test_top_p_restricts_sampling_to_the_nucleus(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    params = [SamplingParams(max_tokens=1, temperature=1.0, top_p=0.3, seed=s) for s in range(40)]
+    firsts = {o.token_ids[0] for o in await asyncio.gather(*(engine.generate(prompt, p) for p in params))}
+    with torch.no_grad():
+        probs = torch.softmax(engine.model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    ordered = probs.argsort(descending=True).tolist()
+    nucleus = ordered[: int((probs[ordered].cumsum(0) < 0.3).sum()) + 1]
+    assert firsts <= set(nucleus)
+
+
+async def test_seeded_sampling_repeats_whatever_the_batch(engine):
+    prompts = chat_prompts(engine.tokenizer, 6)
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=1234)
+    alone = await engine.generate(prompts[0], params)
+    batched = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    assert batched[0].token_ids == alone.token_ids
+    other = await engine.generate(prompts[0], params.model_copy(update={"seed": 99}))
+    assert other.token_ids != alone.token_ids
+
+
+async def test_max_tokens_caps_the_output(engine):
+    out = await engine.generate(chat_prompts(engine.tokenizer, 1)[0], SamplingParams(max_tokens=3, temperature=0))
+    assert len(out.token_ids) == len(out.logprobs) == 3 and out.stop_reason == "length"
+
+
+async def test_stop_token_ends_the_output_and_is_kept(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    full = await engine.generate(prompt, GREEDY)
+    stop_id = full.token_ids[3]
+    out = await engine.generate(prompt, GREEDY.model_copy(update={"stop_token_ids": [stop_id]}))
+    cut = full.token_ids.index(stop_id) + 1
+    assert out.token_ids == full.token_ids[:cut] and out.stop_reason == "stop"
+
+
+async def test_eos_ends_the_output(engine):
+    # Find a sampled completion that ends in EOS, then check it stopped right there.
+    prompts = chat_prompts(engine.tokenizer, 8)
+    params = [SamplingParams(max_tokens=64, temperature=1.0, seed=s) for s in range(8)]
+    outs = await asyncio.gather(*(engine.generate(p, s) for p in prompts for s in params))
+    eos = engine.tokenizer.eos_token_id
+    stopped = [o for o in outs if o.stop_reason == "stop"]
+    assert stopped, "expected at least one of 64 samples to end with EOS"
+    assert all(o.token_ids[-1] == eos and eos not in o.token_ids[:-1] for o in stopped)
+    assert all(o.stop_reason == "length" and len(o.token_ids) == 64 for o in outs if eos not in o.token_ids)
+
+
+async def test_stop_string_ends_the_output_at_the_completing_token(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    full = await engine.generate(prompt, SamplingParams(max_tokens=20, temperature=0))
+    decode = engine.tokenizer.decode
+    # The stop string is the (plain-text) piece of the first token k >= 3 whose text is new so far.
+    k, stop = next((k, decode([full.token_ids[k - 1]])) for k in range(3, 21)
+                   if decode([full.token_ids[k - 1]]).isalpha()
+                   and decode([full.token_ids[k - 1]]) not in decode(full.token_ids[:k - 1]))
+    out = await engine.generate(prompt, SamplingParams(max_tokens=20, temperature=0, stop=[stop]))
+    assert out.token_ids == full.token_ids[:k] and out.stop_reason == "stop" and out.text.endswith(stop)
+
+
+async def test_bad_requests_fail_alone(engine):
+    good = chat_prompts(engine.tokenizer, 1)[0]
+    vocab = engine.model.config.vocab_size
+    results = await asyncio.gather(
+        engine.generate([], GREEDY), engine.generate([vocab + 5], GREEDY),
+        engine.generate([1] * 2048, GREEDY), engine.generate(good, GREEDY), return_exceptions=True)
+    assert isinstance(results[0], EngineError) and "empty" in str(results[0])
+    assert isinstance(results[1], EngineError) and "outside the vocabulary" in str(results[1])
+    assert isinstance(results[2], EngineError) and "context is 2048" in str(results[2])
+    assert results[3].token_ids
+
+
+async def test_generation_uses_new_weights_after_update(tiny):
+    """Weight sync: after an optimizer step on the trainer's copy, the engine's logprobs move with it."""
+    model, tokenizer = tiny
+    trainer_model = copy.deepcopy(model).train()
+    engine = HFEngine.from_model(copy.deepcopy(model), tokenizer)
+    prompt = chat_prompts(tokenizer, 1)[0]
+    before = await engine.generate(prompt, GREEDY)
+    response = before.token_ids
+    # Push the trainer's policy away from this response (a step that lowers its log-likelihood).
+    optimizer = torch.optim.SGD(trainer_model.parameters(), lr=1.0)
+    ids = torch.tensor([prompt + response])
+    logits = trainer_model(ids).logits[0, len(prompt) - 1:-1]
+    torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).sum().backward()
+    optimizer.step()
+    trainer_after = teacher_forced_logprobs(trainer_model, prompt, response)
+    assert sum(trainer_after) < sum(before.logprobs) - 1.0
+
+    await engine.update_weights(trainer_model.state_dict())
+    forced = await engine.generate(prompt, GREEDY.model_copy(update={"max_tokens": 1}))
+    assert engine.weight_version == 1 and forced.metadata["weight_version"] == 1
+    assert forced.logprobs[0] == pytest.approx(float(trainer_after[0]), abs=1e-4) or forced.token_ids[0] != response[0]
+    assert teacher_forced_logprobs(engine.model, prompt, response).tolist() == pytest.approx(
+        trainer_after.tolist(), abs=1e-5)
+
+
+async def test_bad_weight_updates_change_nothing(engine):
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    embed = "model.embed_tokens.weight"
+    good = before[embed] + 1.0
+    with pytest.raises(KeyError, match="model.embed_tokens.weight"):
+        await engine.update_weights([(embed, good), ("model.embed_tokenz.weight", good)])
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        await engine.update_weights({embed: good, "model.norm.weight": torch.ones(3)})
+    assert all(torch.equal(v, engine.model.state_dict()[k]) for k, v in before.items())
+    assert engine.weight_version == 0
+
+
+def test_engine_serves_successive_event_loops(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    first = asyncio.run(engine.generate(prompt, GREEDY))
+    second = asyncio.run(engine.generate(prompt, GREEDY))
+    assert first.token_ids == second.token_ids
+
+
+def test_config_builds_engine_by_name_and_rejects_unknown_keys():
+    engine = HFEngine(HFEngineConfig(model="tiny-random", device="cpu", max_batch_size=4))
+    assert engine.tokenizer.eos_token == "<|im_end|>" and engine.device.type == "cpu"
+    with pytest.raises(ValueError, match="max_batchsize"):
+        HFEngineConfig(model="tiny-random", max_batchsize=4)
+
+
+async def test_multi_turn_rollouts_keep_engine_tokens_and_logprobs(engine):
+    generator = MultiTurnGenerator(GeneratorConfig(n_samples_per_prompt=2, max_tokens_per_turn=16, max_turns=2),
+                                   engine=engine, tokenizer=engine.tokenizer, env_id="reverse_text")
+    batch = await generator.generate([{"text": "apple"}, {"text": "river stone"}])
+    assert len(batch.trajectories) == 4
+    for traj in batch.trajectories:
+        assert traj.error is None
+        assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
+        generated = [lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 1]
+        assert generated and all(lp < 0 for lp in generated)
