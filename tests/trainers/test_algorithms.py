@@ -4,9 +4,18 @@ import math
 
 import pytest
 import torch
-
-from skyrl_trainers.algorithms import (dual_clip_loss, grpo_advantages, gspo_loss, kl_k1, kl_k2, kl_k3,
-                                       ppo_clip_loss, reduce_loss, reinforce_pp_advantages, rloo_advantages)
+from skyrl_trainers.algorithms import (
+    dual_clip_loss,
+    grpo_advantages,
+    gspo_loss,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    ppo_clip_loss,
+    reduce_loss,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 
 
 def test_grpo_z_score_per_group_and_singleton_keeps_raw_score():

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from skyrl_core.trajectory import Trajectory
 from skyrl_trainers.batching import TrainSample, plan_step, training_samples
 from skyrl_trainers.forward import collate

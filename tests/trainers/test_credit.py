@@ -1,7 +1,6 @@
 """Advantages for plain groups, step-wise episodes, rollout trees and failed episodes."""
 
 import pytest
-
 from skyrl_core.trajectory import Trajectory
 from skyrl_trainers.credit import assign_advantages
 

@@ -42,7 +42,7 @@ class MiniBatchPlan:
 def training_samples(trajectories: Sequence[Trajectory], advantages: Sequence[float | None]) -> list[TrainSample]:
     """Samples for the trajectories that are trained on (advantage not ``None``, at least one masked token)."""
     out = []
-    for t, advantage in zip(trajectories, advantages):
+    for t, advantage in zip(trajectories, advantages, strict=True):
         if advantage is None or not any(t.loss_mask):
             continue
         out.append(TrainSample(list(t.prompt_ids) + list(t.response_ids), len(t.prompt_ids), list(t.loss_mask),

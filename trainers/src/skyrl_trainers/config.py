@@ -6,7 +6,6 @@ import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-
 from skyrl_core.registry import did_you_mean
 
 from skyrl_trainers.algorithms import ADVANTAGE_ESTIMATORS, LOSS_REDUCTIONS, POLICY_LOSSES

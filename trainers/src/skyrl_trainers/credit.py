@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-
 from skyrl_core.trajectory import Trajectory
+
 from skyrl_trainers.algorithms import ADVANTAGE_ESTIMATORS
 
 
@@ -107,5 +107,5 @@ def _estimate(episodes: list[_Episode], group_of, estimator: str, norm_by_std: b
         values = fn(scores, groups, num_tokens=tokens)
     else:
         values = fn(scores, groups)
-    for e, value in zip(trainable, values.tolist()):
+    for e, value in zip(trainable, values.tolist(), strict=True):
         advantage[e.key] = value

@@ -33,7 +33,11 @@ class RunFolder:
         self.samples = self.path / "samples.jsonl"
         self.export = self.path / "export"
 
-    def create(self, config: dict[str, Any]) -> None:
+    def create(self, config: dict[str, Any], resuming: bool = False) -> None:
+        """Make the folder and write the config; a fresh run refuses a folder that holds another run."""
+        if not resuming and (self.metrics.exists() or self.checkpoints.exists()):
+            raise FileExistsError(f"run folder {str(self.path)!r} already holds a run; continue it with "
+                                  f"run.resume={self.path} or choose another run.output_dir")
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 

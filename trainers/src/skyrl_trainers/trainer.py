@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 import torch
-
 from skyrl_core.config import ResolvedConfig
 from skyrl_core.factory import ConfigError, env_class
 from skyrl_core.metrics import MetricsLogger
 from skyrl_core.plugins import get_plugin_manager, get_registry
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch, write_jsonl
+
 from skyrl_trainers.batching import plan_step, training_samples
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.credit import assign_advantages
@@ -55,23 +55,22 @@ class FSDPGRPOTrainer:
         stream = TaskStream(load_training_tasks(env_cls, self.config.env, cfg.train_files, cfg.data_split),
                             seed=run.seed, shuffle=cfg.shuffle)
         resume_from = self.run_folder.latest_checkpoint() if run.resume else None
-        self.run_folder.create(self.config.to_dict())
+        resumed = torch.load(resume_from / "trainer_state.pt", weights_only=False) if resume_from else None
+        start = resumed["step"] if resumed else 0
+        self.run_folder.create(self.config.to_dict(), resuming=resumed is not None)
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
         workers = make_worker_group(WorkerSpec(cfg, temperature=temperature, seed=run.seed))
         loop = asyncio.new_event_loop()
         logger = engine = None
         try:
-            engine, tokenizer = build_engine(self.config)
+            engine, tokenizer = build_engine(self.config, seed=run.seed + start)
             generator = get_registry().get("generator", self.config.generator_id).load()(
                 self.config.generator, engine=engine, tokenizer=tokenizer, env_id=self.config.env_id,
                 env_config=self.config.env)
-            start = 0
-            if resume_from is not None:
+            if resumed:
                 workers.call("load_checkpoint", str(resume_from))
-                state = torch.load(resume_from / "trainer_state.pt", weights_only=False)
-                start = state["step"]
-                stream.load_state_dict(state["data"])
-                set_driver_rng_state(state["rng"])
+                stream.load_state_dict(resumed["data"])
+                set_driver_rng_state(resumed["rng"])
                 self.run_folder.forget_after(start)
             loop.run_until_complete(engine.update_weights(workers.call("full_state_dict")[0]))
             logger = MetricsLogger(self.run_folder.path, console=False, wandb_project=run.wandb_project,

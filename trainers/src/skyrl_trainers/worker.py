@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from skyrl_trainers.algorithms import KL_ESTIMATORS, POLICY_LOSSES, reduce_loss
 from skyrl_trainers.batching import MiniBatchPlan
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import MicroBatch, collate, token_logprobs
+from skyrl_trainers.objective import Normalisers, micro_batch_loss
 
 
 @dataclass
@@ -118,40 +118,22 @@ class TrainWorker:
     @torch.no_grad()
     def _old_logprobs(self, plans: list[MiniBatchPlan]) -> list[list[torch.Tensor]]:
         """Log-probs under the weights before this step's first update (needed when it has several)."""
-        return [[self._forward(self.model, collate(samples, self.pad_id).to(self.device))[0]
+        return [[self._forward(self.model, collate(samples, self.pad_id).to(self.device))
                  for samples in plan.micro_batches] for plan in plans]
 
-    def _forward(self, model: torch.nn.Module, batch: MicroBatch, entropy_grad: bool = False):
+    def _forward(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return token_logprobs(model, batch, temperature=self.spec.temperature, entropy_grad=entropy_grad)
+            return token_logprobs(model, batch, temperature=self.spec.temperature)[0]
 
     def _backward(self, batch: MicroBatch, plan: MiniBatchPlan, old_logp: torch.Tensor | None) -> dict[str, float]:
-        cfg = self.cfg
-        logp, entropy = self._forward(self.model, batch, entropy_grad=cfg.entropy_coef > 0)
-        old_logp = logp.detach() if old_logp is None else old_logp
-        mask = batch.mask
-        clip = {k: v for k, v in (("eps_low", cfg.clip_eps_low), ("eps_high", cfg.clip_eps_high)) if v is not None}
-        if cfg.policy_loss == "dual_clip":
-            clip["clip_c"] = cfg.dual_clip_c
-        policy = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, batch.advantages, mask, **clip)
-        norms = {"batch_tokens": plan.batch_tokens, "batch_sequences": plan.batch_sequences, "norm": cfg.loss_norm}
-        policy_loss = reduce_loss(policy.loss, mask, cfg.loss_reduction, **norms)
-        loss = policy_loss
-        kl = torch.zeros_like(logp)
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp, _ = self._forward(self.ref_model, batch)
-            kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
-            loss = loss + cfg.kl_coef * reduce_loss(kl, mask, cfg.loss_reduction, **norms)
-        if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * reduce_loss(entropy, mask, cfg.loss_reduction, **norms)
-        # FSDP averages gradients over ranks; the shares above already sum to the batch loss.
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss, metrics = micro_batch_loss(self.cfg, self.model, batch,
+                                             Normalisers(plan.batch_tokens, plan.batch_sequences),
+                                             old_logp=old_logp, ref_model=self.ref_model,
+                                             temperature=self.spec.temperature)
+        # FSDP averages gradients over ranks; the micro-batch shares already sum to the batch loss.
         (loss * self.world_size).backward()
-        gap = (logp.detach() - batch.rollout_logprobs).abs() * mask
-        return {"loss": loss.item(), "policy_loss": policy_loss.item(), "tokens": mask.sum().item(),
-                "kl_sum": kl.detach().sum().item(), "entropy_sum": (entropy.detach() * mask).sum().item(),
-                "clipped_sum": (policy.clipped * mask).sum().item(), "logprob_gap_sum": gap.sum().item(),
-                "logprob_gap_max": gap.max().item() if gap.numel() else 0.0}
+        return metrics
 
     def _optimizer_step(self) -> dict[str, float]:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)

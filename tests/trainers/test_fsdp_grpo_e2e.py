@@ -1,0 +1,129 @@
+"""End to end on CPU with tiny-random: rollouts, GRPO steps, metrics, checkpoints, resume, export."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from skyrl_core import hookimpl
+from skyrl_core.trajectory import TrajectoryBatch
+from skyrl_trainers.data import TaskStream
+from skyrl_trainers.models import build_tiny_random
+from skyrl_trainers.trainer import FSDPGRPOTrainer
+from trainer_support import read_metrics
+
+REPORTED = ["reward/mean", "reward/std", "rollout/response_tokens_mean", "rollout/turns_mean", "train/kl",
+            "train/entropy", "train/grad_norm", "train/clip_fraction", "train/logprob_gap_mean",
+            "throughput/train_tokens_per_second", "rollout/generated_tokens_per_second", "time/step_seconds"]
+
+
+class StepRecorder:
+    def __init__(self):
+        self.calls = []
+
+    @hookimpl
+    def on_train_step_end(self, step, metrics):
+        self.calls.append((step, metrics["reward/mean"]))
+
+
+def train_resume_export(run_config, register_skyrl_plugin, world_size):
+    recorder = register_skyrl_plugin(StepRecorder(), name="recorder")
+    trainer = {"world_size": world_size, "checkpoint_every": 1, "kl_coef": 0.01}
+    cfg = run_config(trainer={**trainer, "steps": 2})
+    run_dir = Path(cfg.run.output_dir)
+    summary = FSDPGRPOTrainer(cfg).fit()
+
+    assert summary["steps"] == 2 and "reward/last" in summary
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for key in REPORTED:
+        assert all(isinstance(r[key], float) for r in records), key
+    assert records[0]["train/logprob_gap_mean"] < 1e-3  # the engine samples with the trainer's weights
+    assert [step for step, _ in recorder.calls] == [1, 2]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
+    assert (run_dir / "checkpoints" / "step_000001" / "trainer_state.pt").is_file()
+    assert "tiny-random" in (run_dir / "config.yaml").read_text()
+    samples = TrajectoryBatch.from_jsonl(run_dir / "samples.jsonl")
+    assert {t.metrics["train_step"] for t in samples} == {1.0, 2.0}
+
+    resumed = FSDPGRPOTrainer(run_config(trainer={**trainer, "steps": 3}, run={"resume": str(run_dir)})).fit()
+    assert resumed["steps"] == 3
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    # the data position was restored: step 3 trains on the third batch of the seeded task order
+    stream = TaskStream(_reverse_text_tasks(cfg), seed=cfg.run.seed)
+    stream.next_batch(4)
+    expected_ids = {t["id"] for t in stream.next_batch(2)}
+    step3 = [t for t in TrajectoryBatch.from_jsonl(run_dir / "samples.jsonl") if t.metrics["train_step"] == 3.0]
+    assert step3 and {t.group_id for t in step3} <= expected_ids
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000003"
+
+    export = run_dir / "export"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(export)
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "abc"}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+    out = model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > prompt["input_ids"].shape[1]
+    return run_dir
+
+
+def _reverse_text_tasks(cfg):
+    from skyrl_reverse_text.env import ReverseTextEnv
+
+    return ReverseTextEnv.load_dataset("train", cfg.env)
+
+
+@pytest.mark.slow
+def test_world_size_1(run_config, register_skyrl_plugin):
+    train_resume_export(run_config, register_skyrl_plugin, world_size=1)
+
+
+@pytest.mark.slow
+def test_world_size_2_and_reshard_the_checkpoint_to_one_rank(run_config, register_skyrl_plugin):
+    run_dir = train_resume_export(run_config, register_skyrl_plugin, world_size=2)
+    # the 2-rank checkpoint loads on one rank and holds the exported weights
+    from skyrl_trainers.config import FSDPGRPOConfig
+    from skyrl_trainers.worker import WorkerSpec
+    from skyrl_trainers.workers import LocalWorkerGroup
+
+    group = LocalWorkerGroup(WorkerSpec(FSDPGRPOConfig(model="tiny-random", lr=1e-3)))
+    try:
+        group.call("load_checkpoint", str(run_dir / "checkpoints" / "step_000003"))
+        state = group.call("full_state_dict")[0]
+    finally:
+        group.close()
+    exported = load_file(run_dir / "export" / "model.safetensors")
+    for key, value in exported.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_failed_episodes_and_step_wise_samples_do_not_stop_training(run_config, test_envs):
+    cfg = run_config(env="flaky_letter_e", generator={"step_wise": True}, trainer={"steps": 1, "export": False})
+    summary = FSDPGRPOTrainer(cfg).fit()
+    [record] = read_metrics(cfg.run.output_dir)
+    assert summary["steps"] == 1
+    assert record["rollout/errors"] == 2.0  # both samples of the broken task
+    assert record["train/excluded_samples"] == 2.0 and record["train/samples"] == 2.0
+
+
+def test_a_fresh_run_refuses_a_folder_that_holds_another_run(run_config, test_envs):
+    cfg = run_config(env="letter_e", trainer={"steps": 1, "export": False})
+    FSDPGRPOTrainer(cfg).fit()
+    with pytest.raises(FileExistsError, match="run.resume="):
+        FSDPGRPOTrainer(cfg).fit()
+
+
+@pytest.mark.slow
+def test_grpo_learns_to_write_the_target_letter(run_config, test_envs):
+    cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
+                     trainer={"steps": 8, "lr": 2e-2, "export": True})
+    FSDPGRPOTrainer(cfg).fit()
+    rewards = [r["reward/mean"] for r in read_metrics(cfg.run.output_dir)]
+    before, after = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+    assert after > before + 0.15, rewards
+    initial, _ = build_tiny_random()
+    exported = load_file(Path(cfg.run.output_dir) / "export" / "model.safetensors")
+    assert not torch.equal(exported["model.layers.0.mlp.up_proj.weight"],
+                           initial.state_dict()["model.layers.0.mlp.up_proj.weight"])

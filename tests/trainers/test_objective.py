@@ -1,0 +1,58 @@
+"""The gradient of a step does not depend on how its samples are split into micro-batches."""
+
+import pytest
+import torch
+from skyrl_trainers.batching import TrainSample, plan_step
+from skyrl_trainers.config import FSDPGRPOConfig
+from skyrl_trainers.forward import collate
+from skyrl_trainers.models import build_tiny_random
+from skyrl_trainers.objective import Normalisers, micro_batch_loss
+
+
+def samples():
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for prompt, response, advantage in [(5, 3, 1.0), (4, 9, -0.5), (7, 1, 2.0), (3, 6, -1.5), (6, 4, 0.25)]:
+        ids = torch.randint(10, 500, (prompt + response,), generator=generator).tolist()
+        mask = [1] * response
+        mask[response // 2] = 0  # an observation token inside the response
+        out.append(TrainSample(ids, prompt, mask, [-2.0] * response, advantage))
+    return out
+
+
+def gradient(model, cfg, budget):
+    model.zero_grad(set_to_none=True)
+    [[plan]] = plan_step(samples(), world_size=1, mini_batches=1, micro_batch_tokens=budget)
+    for micro in plan.micro_batches:
+        loss, _ = micro_batch_loss(cfg, model, collate(micro), Normalisers(plan.batch_tokens, plan.batch_sequences))
+        loss.backward()
+    return len(plan.micro_batches), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "sequence_mean_token_sum"])
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "gspo"])
+def test_gradient_is_invariant_to_micro_batch_size(reduction, policy_loss):
+    model, _ = build_tiny_random()
+    model.train()
+    cfg = FSDPGRPOConfig(model="tiny-random", loss_reduction=reduction, policy_loss=policy_loss, entropy_coef=0.01,
+                         loss_norm=8.0)
+    whole_count, whole = gradient(model, cfg, budget=10_000)
+    split_count, split = gradient(model, cfg, budget=14)
+    assert (whole_count, split_count) == (1, 5)
+    assert whole.abs().max() > 0
+    torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-7)
+
+
+def test_per_micro_batch_mean_would_not_be_invariant():
+    """Guards the test above: a naive per-micro-batch token mean changes the gradient."""
+    model, _ = build_tiny_random()
+    cfg = FSDPGRPOConfig(model="tiny-random")
+    _, whole = gradient(model, cfg, budget=10_000)
+    model.zero_grad(set_to_none=True)
+    [[plan]] = plan_step(samples(), world_size=1, mini_batches=1, micro_batch_tokens=14)
+    for micro in plan.micro_batches:
+        tokens = sum(s.num_tokens for s in micro)
+        loss, _ = micro_batch_loss(cfg, model, collate(micro), Normalisers(tokens, len(micro)))
+        loss.backward()
+    naive = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert not torch.allclose(naive, whole, rtol=1e-3)

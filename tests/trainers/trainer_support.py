@@ -1,0 +1,48 @@
+"""Small envs and helpers for the trainer tests (importable because pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from skyrl_core import EnvSpec, StepResult, TextEnv, hookimpl
+
+
+class LetterEnv(TextEnv):
+    """Reward: the share of the reply's characters that are the letter ``e`` (dense, learnable fast)."""
+
+    def build_prompt(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"Write the letter e many times ({self.task['id']})."}]
+
+    def take_action(self, action: str) -> StepResult:
+        return StepResult([], action.count("e") / max(len(action), 1), True, False, {})
+
+    @classmethod
+    def load_dataset(cls, split: str = "train", config: Any = None) -> list[dict[str, Any]]:
+        return [{"id": f"t{i}"} for i in range(4)]
+
+
+class FlakyLetterEnv(LetterEnv):
+    """Like ``LetterEnv`` but its backend fails for the tasks marked ``broken`` (an infrastructure error)."""
+
+    def take_action(self, action: str) -> StepResult:
+        if self.task.get("broken"):
+            raise ConnectionError("grader backend unavailable")
+        return super().take_action(action)
+
+    @classmethod
+    def load_dataset(cls, split: str = "train", config: Any = None) -> list[dict[str, Any]]:
+        return [{"id": "ok0"}, {"id": "bad", "broken": True}]
+
+
+class TrainerTestEnvs:
+    @hookimpl
+    def register_envs(self, register):
+        register(EnvSpec(id="letter_e", entry_point="trainer_support:LetterEnv", max_turns=1))
+        register(EnvSpec(id="flaky_letter_e", entry_point="trainer_support:FlakyLetterEnv", max_turns=1))
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl``."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
