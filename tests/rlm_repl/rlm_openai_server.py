@@ -1,8 +1,9 @@
 """A small OpenAI-compatible server on loopback that plays a frozen sub-model for the tree tests.
 
-It serves ``/v1/models`` and ``/v1/completions`` with token-id prompts, answering with
-``choose(first_user, last_user, turn)`` like the scripted policy, and reports sampled tokens as
-``"token_id:N"`` (vLLM's ``return_tokens_as_token_ids``). Every prompt it sees is recorded.
+It serves ``/v1/models``, ``/v1/completions`` with token-id prompts, answering with
+``choose(first_user, last_user, turn)`` like the scripted policy and reporting sampled tokens as
+``"token_id:N"`` (vLLM's ``return_tokens_as_token_ids``), and ``/v1/chat/completions`` answered by
+``chat(last_message_text)``. Every prompt it sees is recorded.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 
 @contextmanager
-def frozen_model_server(tokenizer: Any, choose: Callable[[str, str, int], str]) -> Iterator[tuple[str, list[str]]]:
+def frozen_model_server(tokenizer: Any, choose: Callable[[str, str, int], str],
+                        chat: Callable[[str], str] = lambda prompt: "") -> Iterator[tuple[str, list[str]]]:
     """Yields ``(base_url, prompts_seen)`` while the server runs."""
     seen: list[str] = []
 
@@ -37,6 +39,12 @@ def frozen_model_server(tokenizer: Any, choose: Callable[[str, str, int], str]) 
 
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path.endswith("/chat/completions"):
+                prompt = request["messages"][-1]["content"]
+                seen.append(prompt)
+                self._send({"choices": [{"message": {"role": "assistant", "content": chat(prompt)},
+                                         "finish_reason": "stop"}]})
+                return
             text = tokenizer.decode(request["prompt"])
             seen.append(text)
             users = [part.split("<|im_end|>", 1)[0] for part in text.split("<|im_start|>user\n")[1:]]

@@ -83,3 +83,14 @@ def test_score_answer_uses_the_task_kind():
     # A child (no gold): the fraction of its snippets that occur in its context.
     reward, parts = score_answer({}, PAPERS, repr([GOLD[0], "made up"]), 0.8)
     assert reward == 0.5 and parts == {"grounded_fraction": 0.5}
+
+
+def test_judge_reply_parsing_and_engine_requirement():
+    from skyrl_rlm_repl.evidence.judge import EvidenceJudge, judge_prompt, parse_judge_score
+
+    assert parse_judge_score("reasoning...\nSCORE: 7") == 0.7
+    assert parse_judge_score("score: 10") == 1.0
+    assert parse_judge_score("SCORE: 11") is None and parse_judge_score("eight") is None
+    assert "[1] a\n[2] b" in judge_prompt("Q?", ["a", "b"], []) and "(none)" in judge_prompt("Q?", ["a"], [])
+    with pytest.raises(TypeError, match="needs a chat\\(\\) method"):
+        EvidenceJudge(object())

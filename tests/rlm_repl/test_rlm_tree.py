@@ -191,7 +191,7 @@ def test_env_without_subcall_limits_is_rejected(tokenizer):
 
 
 def test_sub_engine_section_needs_an_id():
-    with pytest.raises(ValueError, match="sub_engine needs an 'id'"):
+    with pytest.raises(ValueError, match="an engine section needs an .id."):
         RLMTreeConfig(sub_engine={"base_url": "http://127.0.0.1:1"})
 
 
@@ -211,3 +211,28 @@ async def test_frozen_sub_engine_serves_llm_query_and_children_which_stay_out_of
     assert len(seen) == 2 and any("CHILD a" in prompt for prompt in seen)
     assert len(gen.engine.inner.calls) == 2  # the policy played only the root's two turns
     assert batch.metrics["rlm/depth1/episodes"] == 1.0 and batch.metrics["rlm/depth1/reward_mean"] == 1.0
+
+
+@pytest.mark.parametrize(("judge_reply", "judged"), [("Mostly right.\nSCORE: 6", 0.6), ("I cannot grade this.", None)])
+async def test_llm_judge_is_mixed_into_the_root_reward_and_never_sees_invented_quotes(tokenizer, evidence_tasks,
+                                                                                      judge_reply, judged):
+    from rlm_openai_server import frozen_model_server
+
+    from skyrl_rlm_repl.evidence.reward import SourceIndex, score_evidence
+
+    task = evidence_tasks[0]
+    answer = [task["evidence"][0], "An invented quote that no paper holds."]
+    f1 = score_evidence(answer, task["evidence"], SourceIndex(task["papers"])).f1
+    policy = lambda first_user, last_user, turn: repl(f"FINAL({answer!r})")  # noqa: E731
+    with frozen_model_server(tokenizer, policy, chat=lambda prompt: judge_reply) as (base_url, seen):
+        gen = make_generator(tokenizer, policy, judge_engine={"id": "openai", "base_url": base_url, "model": "j"},
+                             judge_weight=0.5)
+        batch = await gen.generate([task])
+    root = batch.trajectories[0]
+    assert len(seen) == 1 and task["evidence"][0] in seen[0] and "invented quote" not in seen[0]
+    if judged is None:
+        assert root.reward == pytest.approx(f1) and batch.metrics["rlm/judge_failures"] == 1.0
+    else:
+        assert root.reward == pytest.approx(0.5 * f1 + 0.5 * judged)
+        assert root.turns[-1].info["reward_components"]["judge"] == judged
+        assert batch.metrics["rlm/judge_score_mean"] == judged and batch.metrics["rlm/judge_failures"] == 0.0

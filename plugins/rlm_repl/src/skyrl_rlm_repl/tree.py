@@ -31,6 +31,8 @@ from skyrl_core.plugins import get_plugin_manager, get_registry
 from skyrl_rlm_repl.budget import RolloutBudget, TokenBudgetExhausted
 from skyrl_rlm_repl.config import SubcallLimits
 from skyrl_rlm_repl.env import task_context
+from skyrl_rlm_repl.evidence.judge import EvidenceJudge
+from skyrl_rlm_repl.evidence.reward import SourceIndex, parse_snippets
 from skyrl_rlm_repl.subcalls import SubcallError, SubcallHandler, SubcallRequest, parse_request
 from skyrl_rlm_repl.tree_metrics import tree_metrics
 
@@ -42,12 +44,16 @@ class RLMTreeConfig(GeneratorConfig):
         None, description="Frozen engine for llm_query and child episodes, as an engine section, e.g. "
                           "{id: openai, base_url: ..., model: ...}; None: the policy engine.")
     llm_query_max_tokens: int = Field(256, ge=1, description="Generation cap of one llm_query completion.")
+    judge_engine: dict[str, Any] | None = Field(
+        None, description="Chat engine section (e.g. {id: openai, ...}) of an LLM judge for evidence answers; "
+                          "None: the reward is the snippet F1 alone.")
+    judge_weight: float = Field(0.5, ge=0.0, le=1.0, description="Root reward = (1 - w) * F1 + w * judge score.")
 
-    @field_validator("sub_engine")
+    @field_validator("sub_engine", "judge_engine")
     @classmethod
     def _has_id(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None and "id" not in value:
-            raise ValueError("sub_engine needs an 'id' (an engine id such as 'openai', see `skyrl engines`)")
+            raise ValueError("an engine section needs an 'id' (an engine id such as 'openai', see `skyrl engines`)")
         return value
 
 
@@ -116,11 +122,12 @@ class RLMTreeGenerator(MultiTurnGenerator):
             raise ConfigError(f"generator rlm_tree needs an env whose config has 'subcalls' limits "
                               f"(env rlm_repl); env {env_id!r} has none")
         self.limits = limits
+        self.judge = EvidenceJudge(make_engine(config.judge_engine)) if config.judge_engine is not None else None
         self.sub_runner: RLMTreeGenerator | None = None
         if config.sub_engine is not None:
             sub = make_engine(config.sub_engine)
             self.sub_runner = RLMTreeGenerator(
-                config.model_copy(update={"sub_engine": None}), engine=sub,
+                config.model_copy(update={"sub_engine": None, "judge_engine": None}), engine=sub,
                 tokenizer=getattr(sub, "tokenizer", None) or tokenizer, env_id=env_id, env_config=self.env_config)
             self.sub_runner.sub_runner = self.sub_runner
 
@@ -157,7 +164,27 @@ class RLMTreeGenerator(MultiTurnGenerator):
             _NODE.reset(token)
         if node.root_id == trajectory.id:
             trajectory.metrics.update(_tree_totals(node))
+            if self.judge is not None:
+                await self._judge(trajectory)
         return trajectory
+
+    async def _judge(self, trajectory: Trajectory) -> None:
+        """Mix the judge's score into the final reward of an evidence episode that gave an answer."""
+        task = trajectory.task
+        last = trajectory.turns[-1] if trajectory.turns else None
+        if self.judge is None or last is None or "final_answer" not in last.info or "evidence" not in task:
+            return
+        source = SourceIndex(task_context(task))
+        grounded = [s for s in parse_snippets(last.info["final_answer"]) if source.contains(s)]
+        score = await self.judge.score(str(task.get("question", "")), list(task["evidence"]), grounded)
+        if score is None:
+            trajectory.metrics["judge_failed"] = 1.0
+            return
+        weight = self.config.judge_weight
+        last.reward = (1 - weight) * last.reward + weight * score
+        last.info.setdefault("reward_components", {})["judge"] = score
+        trajectory.reward = sum(t.reward for t in trajectory.turns)
+        trajectory.metrics["judge_score"] = score
 
     def new_env(self, task: Mapping[str, Any]) -> TextEnv:
         env = super().new_env(task)

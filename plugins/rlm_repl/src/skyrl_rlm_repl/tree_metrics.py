@@ -3,7 +3,7 @@
 Keys: ``rlm/depth{d}/episodes|reward_mean|sub_calls|sandbox_errors|sandbox_timeouts|final_answer_rate``
 (``sub_calls``: prompts sent by REPLs at that depth, refused ones included)
 and per rollout ``rlm/depth_reached_mean|max``, ``rlm/sub_calls_mean``, ``rlm/tokens_mean``,
-``rlm/refusals``.
+``rlm/refusals``; with a judge, ``rlm/judge_score_mean`` and ``rlm/judge_failures``.
 """
 
 from __future__ import annotations
@@ -43,4 +43,9 @@ def tree_metrics(roots: Sequence[TreeNode]) -> dict[str, float]:
     out["rlm/sub_calls_mean"] = sum(r.budget.sub_calls for r in roots) / len(roots)
     out["rlm/tokens_mean"] = sum(r.budget.tokens for r in roots) / len(roots)
     out["rlm/refusals"] = float(sum(r.budget.refusals for r in roots))
+    judged = [r.trajectory.metrics["judge_score"] for r in roots if "judge_score" in r.trajectory.metrics]
+    failed = sum(r.trajectory.metrics.get("judge_failed", 0.0) for r in roots)
+    if judged or failed:
+        out["rlm/judge_score_mean"] = sum(judged) / len(judged) if judged else 0.0
+        out["rlm/judge_failures"] = float(failed)
     return out
