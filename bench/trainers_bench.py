@@ -1,0 +1,272 @@
+"""Throughput of the ``hf`` engine and of one GRPO training step, each beside a plain baseline.
+
+Generation (16 chat prompts, greedy, ``--max-tokens`` new tokens each):
+  * baseline: ``model.generate`` called once per request, one after another;
+  * ``model.generate`` on one left-padded batch of all 16;
+  * hf engine, one request at a time;
+  * hf engine, 16 concurrent requests (batched by the engine).
+Training (the 16 prompt+response pairs from the engine, GRPO-style advantages):
+  * baseline: a bare forward / token log-likelihood loss / backward / AdamW step on an unwrapped model;
+  * one ``fsdp_grpo`` step: ``TrainWorker.train_step`` (FSDP2, world size 1, PPO-clip, token mean).
+Ratios are against the baseline of the same table, measured in the same run. Peak memory is the
+highest RSS during the phase (sampled every 5 ms), or CUDA max allocated on a GPU.
+
+    python bench/trainers_bench.py                       # tiny-random and smollm2-135m on CPU
+    python bench/trainers_bench.py --models tiny-random --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from skyrl_core.engine import SamplingParams
+from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
+from skyrl_trainers.models import load_model_and_tokenizer
+
+TOPICS = ["a lighthouse", "the ocean", "a robot", "a garden", "the moon", "a library", "an old map", "a river",
+          "a clock", "a forest", "a violin", "a desert", "a train", "a volcano", "a letter", "a snowstorm"]
+
+
+@dataclass
+class Row:
+    name: str
+    tokens: int
+    seconds: float
+    peak_mb: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+class PeakMemory:
+    """Highest RSS (CPU) or max allocated CUDA memory while the ``with`` block runs, in MiB."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.peak_mb = 0.0
+
+    def __enter__(self) -> PeakMemory:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            self._stop.set()
+            self._thread.join()
+
+    def _sample(self) -> None:
+        while True:
+            self.peak_mb = max(self.peak_mb, current_rss_mb())
+            if self._stop.wait(0.005):
+                return
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(name: str, device: str, fn: Callable[[], int]) -> Row:
+    with PeakMemory(device) as memory:
+        started = time.perf_counter()
+        tokens = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+    return Row(name, tokens, seconds, memory.peak_mb)
+
+
+def print_table(title: str, rows: list[Row], unit: str) -> None:
+    base = rows[0].tokens_per_s
+    print(f"\n{title}")
+    print(f"| {'method':<52} | {unit:>8} | {'seconds':>8} | {'tokens/s':>9} | {'vs baseline':>11} | {'peak MiB':>8} |")
+    print(f"|{'-' * 54}|{'-' * 10}|{'-' * 10}|{'-' * 11}|{'-' * 13}|{'-' * 10}|")
+    for r in rows:
+        print(f"| {r.name:<52} | {r.tokens:>8} | {r.seconds:>8.2f} | {r.tokens_per_s:>9.1f} | "
+              f"{r.tokens_per_s / base:>10.2f}x | {r.peak_mb:>8.0f} |")
+
+
+# --- generation ----------------------------------------------------------------------------------
+
+def prompts_for(tokenizer) -> list[list[int]]:
+    return [tokenizer.apply_chat_template([{"role": "user", "content": f"Write a long story about {t}."}],
+                                          add_generation_prompt=True, tokenize=True, return_dict=False)
+            for t in TOPICS]
+
+
+def generated_length(ids: list[int], eos: int, pad: int) -> int:
+    """New tokens up to and including the first EOS (``model.generate`` pads finished rows)."""
+    return ids.index(eos) + 1 if eos in ids else len([i for i in ids if i != pad or pad == eos])
+
+
+def hf_generate_each(model, tokenizer, prompts, max_tokens) -> int:
+    total = 0
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=model.device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        total += generated_length(out[0, len(prompt):].tolist(), tokenizer.eos_token_id, -1)
+    return total
+
+
+def hf_generate_batch(model, tokenizer, prompts, max_tokens) -> int:
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+    return sum(generated_length(row[width:].tolist(), tokenizer.eos_token_id, -1) for row in out)
+
+
+def engine_sequential(engine, prompts, params) -> tuple[int, list]:
+    async def run():
+        return [await engine.generate(p, params) for p in prompts]
+    outs = asyncio.run(run())
+    return sum(len(o.token_ids) for o in outs), outs
+
+
+def engine_concurrent(engine, prompts, params) -> tuple[int, list]:
+    async def run():
+        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    outs = asyncio.run(run())
+    return sum(len(o.token_ids) for o in outs), outs
+
+
+def bench_generation(name: str, model, tokenizer, device: str, max_tokens: int) -> list:
+    prompts = prompts_for(tokenizer)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(max_batch_size=len(prompts)))
+    engine_concurrent(engine, prompts[:2], params.model_copy(update={"max_tokens": 2}))  # warm-up
+    outputs: list = []
+
+    def concurrent() -> int:
+        tokens, outs = engine_concurrent(engine, prompts, params)
+        outputs.extend(outs)
+        return tokens
+
+    with torch.inference_mode():
+        rows = [measure("model.generate, one request at a time (baseline)", device,
+                        lambda: hf_generate_each(model, tokenizer, prompts, max_tokens)),
+                measure("model.generate, one padded batch of 16", device,
+                        lambda: hf_generate_batch(model, tokenizer, prompts, max_tokens))]
+    rows += [measure("hf engine, 1 request at a time", device, lambda: engine_sequential(engine, prompts, params)[0]),
+             measure("hf engine, 16 concurrent requests (batched)", device, concurrent)]
+    engine.close()
+    print_table(f"Generation: {name} on {device}, 16 prompts, greedy, max {max_tokens} new tokens", rows, "tokens")
+    return [p + o.token_ids for p, o in zip(prompts, outputs, strict=True)], [len(p) for p in prompts], outputs
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def bare_step(model, optimizer, samples, pad_id: int) -> int:
+    """Forward, mean token log-likelihood of the responses, backward, AdamW step; no RL, no sharding."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.tensor([s.input_ids + [pad_id] * (width - len(s.input_ids)) for s in samples], device=model.device)
+    attention = torch.tensor([[1] * len(s.input_ids) + [0] * (width - len(s.input_ids)) for s in samples],
+                             device=model.device)
+    response = torch.zeros_like(ids, dtype=torch.bool)
+    for i, s in enumerate(samples):
+        response[i, s.response_start:len(s.input_ids)] = True
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None]).squeeze(2)
+    loss = -(logp * response[:, 1:]).sum() / response.sum()
+    loss.backward()
+    optimizer.step()
+    return int(attention.sum())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def grpo_worker(name: str, device: str) -> Iterator:
+    import torch.distributed as dist
+
+    from skyrl_trainers.config import FSDPGRPOConfig
+    from skyrl_trainers.worker import TrainWorker, WorkerSpec
+
+    config = FSDPGRPOConfig(model=name, device="cuda" if device.startswith("cuda") else "cpu", lr=1e-6,
+                            micro_batch_tokens=1 << 20)
+    worker = TrainWorker(0, 1, "127.0.0.1", free_port(), WorkerSpec(config))
+    try:
+        yield worker
+    finally:
+        dist.destroy_process_group()
+
+
+def bench_training(name: str, model, tokenizer, device: str, sequences, prompt_lengths, outputs) -> None:
+    from skyrl_trainers.batching import TrainSample, plan_step
+
+    lengths = torch.tensor([float(len(o.token_ids)) for o in outputs])
+    advantages = ((lengths - lengths.mean()) / (lengths.std() + 1e-6)).tolist()  # any spread of advantages
+    samples = [TrainSample(seq, start, [1] * (len(seq) - start), list(o.logprobs), adv)
+               for seq, start, o, adv in zip(sequences, prompt_lengths, outputs, advantages, strict=True)]
+    total_tokens = sum(len(s.input_ids) for s in samples)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    bare_model = copy.deepcopy(model).train()
+    optimizer = torch.optim.AdamW(bare_model.parameters(), lr=1e-6)
+    bare_step(bare_model, optimizer, samples, pad)  # warm-up (allocates optimizer state)
+    rows = [measure("bare forward/backward/AdamW step (baseline)", device,
+                    lambda: bare_step(bare_model, optimizer, samples, pad))]
+    del bare_model, optimizer
+    with grpo_worker(name, device) as worker:
+        plans = plan_step(samples, world_size=1, mini_batches=1, micro_batch_tokens=1 << 20)[0]
+        worker.train_step(plans)  # warm-up
+
+        def grpo_step() -> int:
+            worker.train_step(plans)
+            return total_tokens
+
+        rows.append(measure("fsdp_grpo TrainWorker.train_step (FSDP2, world 1)", device, grpo_step))
+    print_table(f"Training: {name} on {device}, one step on {len(samples)} sequences ({total_tokens} tokens)",
+                rows, "tokens")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["tiny-random", "smollm2-135m"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--max-tokens", type=int, default=0, help="New tokens per request (0: 64 tiny, 32 else).")
+    parser.add_argument("--skip-training", action="store_true")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
+    for name in args.models:
+        model, tokenizer = load_model_and_tokenizer(name, device=args.device)
+        max_tokens = args.max_tokens or (64 if name == "tiny-random" else 32)
+        sequences, prompt_lengths, outputs = bench_generation(name, model, tokenizer, args.device, max_tokens)
+        if not args.skip_training:
+            bench_training(name, model, tokenizer, args.device, sequences, prompt_lengths, outputs)
+        del model
+
+
+if __name__ == "__main__":
+    main()
