@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-
 from skyrl_core.engine import SamplingParams
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
 from skyrl_trainers.models import load_model_and_tokenizer
@@ -200,6 +199,14 @@ def bare_step(model, optimizer, samples, pad_id: int) -> int:
     return int(attention.sum())
 
 
+def measure_bare_step(model, samples, pad_id: int, device: str) -> Row:
+    model = copy.deepcopy(model).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    bare_step(model, optimizer, samples, pad_id)  # warm-up (allocates optimizer state)
+    return measure("bare forward/backward/AdamW step (baseline)", device,
+                   lambda: bare_step(model, optimizer, samples, pad_id))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -209,7 +216,6 @@ def free_port() -> int:
 @contextlib.contextmanager
 def grpo_worker(name: str, device: str) -> Iterator:
     import torch.distributed as dist
-
     from skyrl_trainers.config import FSDPGRPOConfig
     from skyrl_trainers.worker import TrainWorker, WorkerSpec
 
@@ -232,12 +238,7 @@ def bench_training(name: str, model, tokenizer, device: str, sequences, prompt_l
     total_tokens = sum(len(s.input_ids) for s in samples)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    bare_model = copy.deepcopy(model).train()
-    optimizer = torch.optim.AdamW(bare_model.parameters(), lr=1e-6)
-    bare_step(bare_model, optimizer, samples, pad)  # warm-up (allocates optimizer state)
-    rows = [measure("bare forward/backward/AdamW step (baseline)", device,
-                    lambda: bare_step(bare_model, optimizer, samples, pad))]
-    del bare_model, optimizer
+    rows = [measure_bare_step(model, samples, pad, device)]
     with grpo_worker(name, device) as worker:
         plans = plan_step(samples, world_size=1, mini_batches=1, micro_batch_tokens=1 << 20)[0]
         worker.train_step(plans)  # warm-up
