@@ -44,13 +44,22 @@ class SandboxPool:
                 _SHARED[key] = cls(config)
             return _SHARED[key]
 
+    @property
+    def idle_count(self) -> int:
+        """Started workers waiting to be handed out."""
+        with self._lock:
+            return len(self._idle)
+
     async def acquire(self) -> WorkerProcess:
-        """An idle started worker, or a newly started one when none is idle."""
+        """An idle started worker, or a newly started one when none is idle.
+
+        Call :meth:`refill` once the worker is set up: replacements started earlier would compete
+        with it for the CPU.
+        """
         with self._lock:
             worker = self._idle.popleft() if self._idle else None
         if worker is None:
             worker = await asyncio.wrap_future(_SPAWNER.submit(self.start_worker))
-        self.refill()
         return worker
 
     def start_worker(self) -> WorkerProcess:

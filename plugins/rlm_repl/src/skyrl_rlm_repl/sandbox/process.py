@@ -70,10 +70,11 @@ class WorkerProcess:
         """Kill, reap and remove the host folder, blocking (for idle workers never attached)."""
         self._finalizer()
 
-    async def wait(self, grace_s: float = 0.0) -> int:
+    async def wait(self, grace_s: float = 0.0, keep_files: bool = False) -> int:
         """Give the worker ``grace_s`` to exit by itself, then kill, reap and remove the host folder.
 
         Returns the exit status; the grace lets a worker that is dying anyway report its own cause.
+        ``keep_files`` leaves the folder (and its stderr.log) for :meth:`discard` to remove.
         """
         if grace_s:
             try:
@@ -82,7 +83,8 @@ class WorkerProcess:
                 pass
         self.kill()
         status = await asyncio.to_thread(self.popen.wait)
-        self._finalizer()
+        if not keep_files:
+            self._finalizer()
         return status
 
     def stderr_tail(self, limit: int = 2000) -> str:

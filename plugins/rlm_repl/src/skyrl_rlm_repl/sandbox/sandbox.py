@@ -33,12 +33,13 @@ class Sandbox:
 
     backend: str
 
-    def __init__(self, config: SandboxConfig, pool: SandboxPool, context_json: bytes | None, scaffold_code: str,
+    def __init__(self, config: SandboxConfig, pool: SandboxPool, context_file: tuple[str, bytes] | None,
+                 scaffold_code: str,
                  rpc_methods: Sequence[str], handler: RequestHandler | None) -> None:
         self.config = config
         self.backend = pool.backend
         self._pool = pool
-        self._context_json = context_json
+        self._context_file = context_file
         self._scaffold_code = scaffold_code
         self._rpc_methods = tuple(rpc_methods)
         self._handler = handler
@@ -56,16 +57,13 @@ class Sandbox:
         for name in rpc_methods:
             if not isinstance(name, str) or not name.isidentifier():
                 raise SandboxError(f"rpc method name {name!r} is not a Python identifier")
-        try:
-            context_json = None if context is None else json.dumps(context).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise SandboxError(f"context must be JSON data (str, list, dict, numbers): {exc}") from None
+        context_file = None if context is None else _encode_context(context)
         if pool is None:
             pool = await asyncio.to_thread(SandboxPool.shared, config)
         if config.allow_subprocesses and pool.backend != "bwrap":
             raise SandboxError("allow_subprocesses needs the bwrap backend: a child process would escape the "
                                f"{pool.backend!r} backend's in-process policy")
-        sandbox = cls(config, pool, context_json, scaffold_code, rpc_methods, handler)
+        sandbox = cls(config, pool, context_file, scaffold_code, rpc_methods, handler)
         await sandbox._start()
         return sandbox
 
@@ -103,26 +101,40 @@ class Sandbox:
     # --- internals ------------------------------------------------------------------------------
 
     async def _start(self) -> None:
+        """Get a worker set up with context, scaffold and stubs; one retry covers a dead idle worker."""
         self._lost_state = True
-        worker = await self._pool.acquire()
-        self._worker = worker
-        try:
-            await asyncio.wait_for(self._initialise(worker), self.config.start_timeout_s)
-        except asyncio.TimeoutError:
-            await self._abandon(worker)
-            raise SandboxError(f"the sandbox worker did not start within {self.config.start_timeout_s} s "
-                               f"({self.backend}); stderr: {worker.stderr_tail() or '(empty)'}") from None
-        except (protocol.WorkerGone, protocol.ProtocolViolation, OSError) as exc:
-            status = await self._abandon(worker)
-            raise SandboxError(f"the sandbox worker {worker.describe_exit(status)} while starting ({exc}); "
-                               f"stderr: {worker.stderr_tail() or '(empty)'}") from None
-        self._lost_state = False
+        for attempt in (1, 2):
+            try:
+                worker = await self._pool.acquire()
+            except OSError as exc:
+                raise SandboxError(f"could not start a sandbox worker ({self.backend}): {exc}") from exc
+            self._worker = worker
+            try:
+                await asyncio.wait_for(self._initialise(worker), self.config.start_timeout_s)
+                self._lost_state = False
+                return
+            except asyncio.TimeoutError:
+                stderr = worker.stderr_tail()
+                await self._abandon(worker)
+                problem = f"did not start within {self.config.start_timeout_s:g} s"
+            except (protocol.WorkerGone, protocol.ProtocolViolation, OSError) as exc:
+                status = await self._abandon(worker, grace_s=1.0, keep_files=True)
+                stderr = worker.stderr_tail()
+                worker.discard()
+                problem = f"{worker.describe_exit(status)} while starting ({exc})"
+            except BaseException:
+                await self._abandon(worker)
+                raise
+            finally:
+                self._pool.refill()
+            if attempt == 2:
+                raise SandboxError(f"the sandbox worker ({self.backend}) {problem}; "
+                                   f"its stderr: {stderr or '(empty)'}")
 
     async def _initialise(self, worker: WorkerProcess) -> None:
         await worker.attach()
         config = self.config
-        context_path = None if self._context_json is None else worker.write_inbox("context.json",
-                                                                                   self._context_json)
+        context_path = None if self._context_file is None else worker.write_inbox(*self._context_file)
         worker.send({
             "op": "init",
             "limits": {"cpu_time_s": config.cpu_time_s, "memory_bytes": config.memory_mb * 2**20,
@@ -139,11 +151,11 @@ class Sandbox:
         if error is not None:
             raise SandboxError(f"the sandbox scaffold failed to load:\n{error}")
 
-    async def _abandon(self, worker: WorkerProcess, grace_s: float = 0.0) -> int | None:
+    async def _abandon(self, worker: WorkerProcess, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
         if self._worker is worker:
             self._worker = None
         try:
-            return await asyncio.wait_for(worker.wait(grace_s), 10)
+            return await asyncio.wait_for(worker.wait(grace_s, keep_files), 10)
         except asyncio.TimeoutError:
             return None
 
@@ -229,6 +241,16 @@ class Sandbox:
         result = _failure(f"{reason} {_RESTART_NOTE}", started, timed_out=timed_out)
         result.sandbox_restarted = True
         return result
+
+
+def _encode_context(context: Any) -> tuple[str, bytes]:
+    """The context file for the worker: plain text for a string (fast to load), else JSON."""
+    if isinstance(context, str):
+        return "context.txt", context.encode("utf-8", "surrogatepass")
+    try:
+        return "context.json", json.dumps(context).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise SandboxError(f"context must be JSON data (str, list, dict, numbers): {exc}") from None
 
 
 def _failure(error: str, started: float, timed_out: bool = False) -> ExecResult:

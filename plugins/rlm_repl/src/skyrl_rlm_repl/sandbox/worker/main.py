@@ -52,9 +52,10 @@ def main(spawn_json: str) -> int:
 def _initialise(init: dict, channel: Channel) -> Repl:
     _apply_limits(init["limits"])
     context = None
-    if init.get("context_path"):
-        with open(init["context_path"], encoding="utf-8") as handle:
-            context = freeze(json.load(handle))
+    path = init.get("context_path")
+    if path:
+        with open(path, encoding="utf-8", errors="surrogatepass") as handle:
+            context = handle.read() if path.endswith(".txt") else freeze(json.load(handle))
     stdlib = os.path.dirname(os.__file__)
     SandboxPolicy(read_roots=[stdlib, *init["read_roots"]], write_roots=[init["tmp_dir"]],
                   denied_roots=[os.path.join(stdlib, "site-packages")],
