@@ -225,3 +225,14 @@ async def test_multi_turn_rollouts_keep_engine_tokens_and_logprobs(engine):
         assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
         generated = [lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 1]
         assert generated and all(lp < 0 for lp in generated)
+
+
+async def test_closing_fails_waiting_requests_instead_of_hanging(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine.from_model(model, tokenizer)
+    prompts = chat_prompts(tokenizer, 4)
+    tasks = [asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=200, temperature=0))) for p in prompts]
+    await asyncio.sleep(0)  # the requests are queued
+    engine.close()
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=30)
+    assert all(isinstance(r, EngineError) and "closed" in str(r) for r in results)

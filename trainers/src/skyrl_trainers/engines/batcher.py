@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
+from skyrl_core.engine import EngineError
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 BatchFn = Callable[[Sequence[Item]], Sequence["Result | BaseException"]]
@@ -35,6 +37,7 @@ class RequestBatcher(Generic[Item, Result]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._inflight: list[asyncio.Future[Result]] = []
 
     async def submit(self, item: Item) -> Result:
         queue = self._ensure_running()
@@ -47,9 +50,24 @@ class RequestBatcher(Generic[Item, Result]):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def close(self) -> None:
-        if self._task is not None and not self._task.done() and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._task.cancel)
+        """Stop batching; requests still waiting or decoding fail with :class:`EngineError`."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            if loop.is_running() and _running_loop() is not loop:
+                loop.call_soon_threadsafe(self._fail_pending)
+            else:
+                self._fail_pending()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _fail_pending(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        waiting = list(self._inflight)
+        while self._queue is not None and not self._queue.empty():
+            waiting.append(self._queue.get_nowait()[1])
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(EngineError("the engine was closed before this request finished"))
 
     def _ensure_running(self) -> asyncio.Queue[tuple[Item, asyncio.Future[Result]]]:
         loop = asyncio.get_running_loop()
@@ -87,6 +105,7 @@ class RequestBatcher(Generic[Item, Result]):
 
     async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
         self.batch_sizes.append(len(batch))
+        self._inflight = [fut for _, fut in batch]
         try:
             results = await self.run_exclusive(self.run_batch, [item for item, _ in batch])
         except Exception as exc:  # noqa: BLE001 - handed to every waiting caller
@@ -101,3 +120,10 @@ class RequestBatcher(Generic[Item, Result]):
                 fut.set_exception(result)
             else:
                 fut.set_result(result)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
