@@ -64,7 +64,7 @@ def plan_subprocess(host_dir: Path, max_message_bytes: int) -> LaunchPlan:
 
 
 def plan_bwrap(host_dir: Path, max_message_bytes: int, tmp_size_mb: int) -> LaunchPlan:
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+    argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr"]
     for path in _SYSTEM_DIRS:

@@ -27,7 +27,7 @@ class WorkerProcess:
             self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
         # Runs on close(), on garbage collection and at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _kill_and_remove, self.popen, host_dir)
+        self._finalizer = weakref.finalize(self, _kill_and_remove, self.popen, host_dir, os.getpid())
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.WriteTransport | None = None
         self._read_transport: asyncio.ReadTransport | None = None
@@ -117,7 +117,9 @@ def _kill_group(popen: subprocess.Popen) -> None:
             pass
 
 
-def _kill_and_remove(popen: subprocess.Popen, host_dir: Path) -> None:
+def _kill_and_remove(popen: subprocess.Popen, host_dir: Path, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:
+        return  # a forked copy of the owner exiting: the workers are not its to kill
     _kill_group(popen)
     try:
         popen.wait(timeout=5)

@@ -1,0 +1,111 @@
+"""The parent's reading of worker messages (hostile input) and the worker pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+
+import pytest
+from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxPool
+from skyrl_rlm_repl.sandbox.protocol import (
+    ProtocolViolation,
+    WorkerGone,
+    encode,
+    int_field,
+    read_message,
+    text_field,
+)
+
+
+def reader_with(data: bytes, eof: bool = True) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    if eof:
+        reader.feed_eof()
+    return reader
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+async def test_round_trip_of_a_message():
+    message = {"op": "result", "stdout": "héllo \ud800", "seq": 3}
+    assert await read_message(reader_with(encode(message)), 1024) == message
+
+
+@pytest.mark.parametrize("data, problem", [
+    (struct.pack(">I", 2**31), "exceeds the limit of 1,024 bytes"),
+    (frame(b"{oops"), "not valid JSON"),
+    (frame(b"[1, 2]"), "not an object"),
+    (frame(b'"just a string"'), "not an object"),
+    (frame(b'{"no_op": 1}'), "'op' field"),
+    (frame(b'{"op": 7}'), "'op' field"),
+])
+async def test_malformed_frames_are_violations(data, problem):
+    with pytest.raises(ProtocolViolation, match=problem):
+        await read_message(reader_with(data), 1024)
+
+
+async def test_deeply_nested_json_is_a_violation_not_a_crash():
+    payload = b"[" * 200_000 + b"]" * 200_000
+    with pytest.raises(ProtocolViolation, match="not valid JSON"):
+        await read_message(reader_with(frame(payload)), len(payload))
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00\x00", frame(b'{"op": "result"}')[:-3]])
+async def test_a_channel_closed_mid_frame_means_the_worker_is_gone(data):
+    with pytest.raises(WorkerGone):
+        await read_message(reader_with(data), 1024)
+
+
+def test_fields_are_type_checked_cut_and_cleaned():
+    message = {"op": "result", "stdout": "x" * 100 + "\ud800", "seq": -1, "flag": True, "error": None}
+    assert text_field(message, "stdout", 10) == "x" * 10
+    assert text_field({"op": "r", "t": "a\ud800b"}, "t", 10) == "a?b"
+    assert text_field(message, "error", 10) is None
+    with pytest.raises(ProtocolViolation, match="'error' must be a string"):
+        text_field(message, "error", 10, optional=False)
+    with pytest.raises(ProtocolViolation, match="'seq' must be a non-negative integer"):
+        int_field(message, "seq")
+    with pytest.raises(ProtocolViolation, match="'flag' must be a non-negative integer"):
+        int_field(message, "flag")
+
+
+async def test_pool_prestarts_workers_and_hands_them_out():
+    pool = await asyncio.to_thread(SandboxPool, SandboxConfig(), 2)
+    try:
+        for _ in range(200):
+            if pool.idle_count == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert pool.idle_count == 2
+        async with await Sandbox.create(SandboxConfig(), pool=pool) as sandbox:
+            assert (await sandbox.execute("print(1)")).stdout == "1\n"
+    finally:
+        pool.close()
+    assert pool.idle_count == 0
+
+
+def test_shared_pool_is_one_per_way_of_starting_workers():
+    assert SandboxPool.shared(SandboxConfig(memory_mb=300)) is SandboxPool.shared(SandboxConfig(memory_mb=900))
+    assert SandboxPool.shared(SandboxConfig(tmp_size_mb=8)) is not SandboxPool.shared(SandboxConfig())
+
+
+async def test_backend_bwrap_that_cannot_work_is_a_clear_error(monkeypatch):
+    from skyrl_rlm_repl.sandbox import SandboxError, launch
+
+    launch.bwrap_problem.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        with pytest.raises(SandboxError, match="backend 'bwrap' is not usable here: bwrap is not installed"):
+            await Sandbox.create(SandboxConfig(backend="bwrap", pool_size=0))
+        assert launch.resolve_backend("auto") == "subprocess"
+    finally:
+        launch.bwrap_problem.cache_clear()
+
+
+def test_messages_are_ascii_json():
+    data = encode({"op": "x", "text": "é"})
+    assert json.loads(data[4:]) == {"op": "x", "text": "é"} and data[4:].isascii()
