@@ -169,9 +169,7 @@ class RLMReplEnv(TextEnv):
         if result.error:
             text += ("\n" if text and not text.endswith("\n") else "") + result.error
         notes = []
-        if result.timed_out:
-            notes.append(f"[execution stopped: it ran longer than {self.config.sandbox.exec_timeout_s:g} s]")
-        if result.sandbox_restarted:
+        if result.sandbox_restarted and not result.error:  # otherwise the error already says so
             notes.append("[the REPL was restarted: variables from earlier turns are gone]")
         limit = self.config.max_output_chars
         cut = result.truncated_chars + max(0, len(text) - limit)
