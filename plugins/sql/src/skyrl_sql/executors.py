@@ -11,7 +11,6 @@ import decimal
 import sqlite3
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -42,36 +41,54 @@ def connect(engine: str, db_path: str, memory_mb: int) -> Any:
 # -- SQLite ---------------------------------------------------------------------------------------
 
 
-def _sqlite_connect(db_path: str) -> sqlite3.Connection:
+class _GuardedSQLite(sqlite3.Connection):
+    """A read-only connection whose authorizer and deadline check are installed once.
+
+    (Setting an authorizer expires every prepared statement, so it is not swapped per query.)
+    """
+
+    guard: SQLiteGuard
+    deadline: float
+
+    def arm(self, request: QueryRequest) -> None:
+        self.guard.refusal = None
+        self.deadline = time.monotonic() + request.timeout_s
+        self.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(request.max_bytes, 1_000))  # no single giant value
+
+    def past_deadline(self) -> int:
+        return int(time.monotonic() > self.deadline)
+
+
+def _sqlite_connect(db_path: str) -> _GuardedSQLite:
     conn = sqlite3.connect(f"file:{quote(db_path)}?mode=ro", uri=True, isolation_level=None,
-                           check_same_thread=False)
+                           check_same_thread=False, factory=_GuardedSQLite)
     conn.execute("PRAGMA query_only = ON")
     conn.execute("PRAGMA trusted_schema = OFF")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
+    conn.guard = SQLiteGuard()
+    conn.deadline = 0.0
+    conn.set_authorizer(conn.guard)
+    conn.set_progress_handler(conn.past_deadline, _PROGRESS_EVERY)
     return conn
 
 
-def _sqlite_execute(conn: sqlite3.Connection, request: QueryRequest) -> QueryResult:
-    guard = SQLiteGuard()
-    deadline = time.monotonic() + request.timeout_s
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(request.max_bytes, 1_000))  # no single giant value
-    conn.set_authorizer(guard)
-    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_EVERY)
+def _sqlite_execute(conn: _GuardedSQLite, request: QueryRequest) -> QueryResult:
+    conn.arm(request)
     try:
         cursor = conn.execute(request.sql)
         columns = [d[0] for d in cursor.description or ()]
-        return _fetch(cursor, columns, request, deadline)
+        return _fetch(cursor, columns, request, conn.deadline)
     except sqlite3.Error as exc:
-        if guard.refusal is not None:
-            return QueryResult("refused", message=f"Refused: {guard.refusal} {READ_ONLY_HINT}")
-        if time.monotonic() > deadline and "interrupt" in str(exc).lower():
+        if conn.guard.refusal is not None:
+            return QueryResult("refused", message=f"Refused: {conn.guard.refusal} {READ_ONLY_HINT}")
+        if conn.past_deadline() and "interrupt" in str(exc).lower():
             return _timeout(request)
+        if "decode" in str(exc) and conn.text_factory is str:  # text that is not UTF-8: show it anyway
+            conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
+            return _sqlite_execute(conn, request)
         return QueryResult("error", message=f"{exc}")
     finally:
-        conn.set_progress_handler(None, 0)
-        conn.set_authorizer(None)
         if conn.in_transaction:
             conn.rollback()
 
@@ -130,9 +147,8 @@ def _fetch(cursor: Any, columns: list[str], request: QueryRequest, deadline: flo
         batch = cursor.fetchmany(min(256, request.max_rows + 1 - len(rows)))
         if not batch:
             return QueryResult("ok", columns, rows)
-        for raw in batch:
-            row = tuple(jsonable(v) for v in raw)
-            size += sum(len(str(v)) + 8 for v in row)
+        for row in batch:
+            size += len(repr(row))  # close to the JSON size, and one C call per row
             if size > request.max_bytes:
                 return QueryResult("ok", columns, rows, cut="bytes")
             if len(rows) == request.max_rows:
@@ -147,15 +163,11 @@ def _timeout(request: QueryRequest) -> QueryResult:
 
 
 def jsonable(value: Any) -> Any:
-    """A JSON-safe stand-in for a database value (numbers stay numbers)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
+    """``json.dumps`` fallback for database values JSON lacks (decimals stay numbers)."""
     if isinstance(value, decimal.Decimal):
         return float(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "x'" + bytes(value).hex() + "'"
-    if isinstance(value, (datetime.date, datetime.time, datetime.datetime)):
+    if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat(sep=" ") if isinstance(value, datetime.datetime) else value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
     return str(value)

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from skyrl_sql.executors import connect, execute
+from skyrl_sql.executors import connect, execute, jsonable
 from skyrl_sql.result import QueryRequest, QueryResult
 
 _OPEN_CONNECTIONS = 8
@@ -36,7 +36,7 @@ def serve(stdin: Any, stdout: Any, memory_mb: int) -> None:
     stdout.write(json.dumps({"ready": True}) + "\n")
     stdout.flush()
     for line in stdin:
-        stdout.write(json.dumps(handle(json.loads(line), connections, memory_mb)) + "\n")
+        stdout.write(json.dumps(handle(json.loads(line), connections, memory_mb), default=jsonable) + "\n")
         stdout.flush()
 
 
