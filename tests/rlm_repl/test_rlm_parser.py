@@ -68,3 +68,8 @@ def test_prompt_at_max_depth_offers_no_child_repls_and_no_subcalls_when_disabled
     assert "llm_query(" in at_max and "rlm_query(" not in at_max and "search(" not in at_max
     assert "llm_query" not in system_prompt(max_turns=3, context="x", depth=0, max_depth=1, max_sub_calls=0,
                                             evidence_tools=False)
+
+
+def test_hostile_response_with_thousands_of_unclosed_finals_parses_in_one_pass():
+    hostile = "FINAL(\n" * 7000 + "FINAL(done)\n" + "((((" * 2000
+    assert parse_response(hostile).final == "done"

@@ -94,3 +94,9 @@ def test_judge_reply_parsing_and_engine_requirement():
     assert "[1] a\n[2] b" in judge_prompt("Q?", ["a", "b"], []) and "(none)" in judge_prompt("Q?", ["a"], [])
     with pytest.raises(TypeError, match="needs a chat\\(\\) method"):
         EvidenceJudge(object())
+
+
+def test_many_long_grounded_snippets_are_scored_and_padding_costs_precision():
+    sections = [text for paper in PAPERS.values() for text in paper.values()]
+    result = score(sections * 50 + [GOLD[1]])
+    assert result.recall == pytest.approx(1 / 3) and result.precision == pytest.approx(1 / 151)

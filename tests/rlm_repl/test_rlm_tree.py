@@ -236,3 +236,14 @@ async def test_llm_judge_is_mixed_into_the_root_reward_and_never_sees_invented_q
         assert root.reward == pytest.approx(0.5 * f1 + 0.5 * judged)
         assert root.turns[-1].info["reward_components"]["judge"] == judged
         assert batch.metrics["rlm/judge_score_mean"] == judged and batch.metrics["rlm/judge_failures"] == 0.0
+
+
+async def test_episode_that_spends_the_tree_budget_ends_trainable_with_stop_reason_token_budget(tokenizer):
+    chatty = repl("print('" + "word " * 30 + "')")
+    gen = make_generator(tokenizer, lambda first_user, last_user, turn: chatty,
+                         env={"max_turns": 5, "subcalls": {"max_total_tokens": 60}})
+    batch = await gen.generate([CONTEXT_TASK])
+    root = batch.trajectories[0]
+    assert root.stop_reason == "token_budget" and root.error is None and root.reward == 0.0
+    assert sum(root.loss_mask) == 60 == root.metrics["tree_tokens"]  # capped exactly at the budget
+    assert batch.metrics["rollout/errors"] == 0.0

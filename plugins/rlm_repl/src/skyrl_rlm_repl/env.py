@@ -139,12 +139,14 @@ class RLMReplEnv(TextEnv):
             answer = parsed.final
         info: dict[str, Any] = {"blocks_run": ran, "sandbox_backend": self.backend}
         if answer is not None:
-            return self._finish(answer, info)
+            return await self._finish(answer, info)
         return StepResult([{"role": "user", "content": self._observation(parsed, outputs)}], 0.0, False, False, info)
 
-    def _finish(self, answer: str, info: dict[str, Any]) -> StepResult:
+    async def _finish(self, answer: str, info: dict[str, Any]) -> StepResult:
         self.final_answer = answer
-        reward, components = score_answer(self.task, self.context, answer, self.config.match_threshold)
+        # Scoring compares every snippet with every gold one: keep it off the shared sandbox loop.
+        reward, components = await asyncio.to_thread(score_answer, self.task, self.context, answer,
+                                                      self.config.match_threshold)
         return StepResult([], reward, True, False, {**info, "final_answer": answer, "reward_components": components})
 
     def _observation(self, parsed: ParsedResponse, outputs: list[str]) -> str:

@@ -76,10 +76,12 @@ def parse_response(text: str) -> ParsedResponse:
 def _text_answer(prose: str) -> tuple[str | None, str | None]:
     """The last ``FINAL(...)`` or ``FINAL_VAR(name)`` line outside code blocks."""
     answer: tuple[str | None, str | None] = (None, None)
+    closing = _closing_parens(prose)
     for match in _FINAL_START.finditer(prose):
-        inner = _balanced(prose, match.end())
-        if inner is None:
+        end = closing.get(match.end() - 1)
+        if end is None:
             continue
+        inner = prose[match.end():end]
         if match.group("name") == "FINAL":
             answer = (_unquote(inner.strip()), None)
         else:
@@ -89,18 +91,16 @@ def _text_answer(prose: str) -> tuple[str | None, str | None]:
     return answer
 
 
-def _balanced(text: str, start: int) -> str | None:
-    """Text from ``start`` up to the parenthesis that closes the one just before it, or ``None``."""
-    depth = 1
-    for position in range(start, len(text)):
-        char = text[position]
+def _closing_parens(text: str) -> dict[int, int]:
+    """Position of each ``(`` -> position of the ``)`` that closes it, in one pass (unclosed ones are absent)."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    for position, char in enumerate(text):
         if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth == 0:
-                return text[start:position]
-    return None
+            stack.append(position)
+        elif char == ")" and stack:
+            pairs[stack.pop()] = position
+    return pairs
 
 
 def _unquote(value: str) -> str:

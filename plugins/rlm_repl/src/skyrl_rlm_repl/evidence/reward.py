@@ -103,7 +103,12 @@ def score_evidence(predicted: Sequence[str], gold: Sequence[str], source: Source
                    threshold: float = 0.8) -> EvidenceScore:
     """Precision/recall/F1 of ``predicted`` against ``gold``; ungrounded predictions never match."""
     grounded = [i for i, snippet in enumerate(predicted) if source.contains(snippet)]
-    pairs = sorted(((similarity(predicted[i], g), i, j) for i in grounded for j, g in enumerate(gold)), reverse=True)
+    pred_len = {i: len(match_key(predicted[i])) for i in grounded}
+    gold_len = [len(match_key(g)) for g in gold]
+    # similarity <= shorter / longer key length, so pairs of very different lengths are skipped unscored.
+    candidates = [(i, j) for i in grounded for j in range(len(gold))
+                  if min(pred_len[i], gold_len[j]) >= threshold * max(pred_len[i], gold_len[j], 1)]
+    pairs = sorted(((similarity(predicted[i], gold[j]), i, j) for i, j in candidates), reverse=True)
     used_pred: set[int] = set()
     used_gold: set[int] = set()
     for score, i, j in pairs:
