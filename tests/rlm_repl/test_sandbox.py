@@ -400,3 +400,15 @@ async def test_auto_backend_reports_what_it_used():
 async def test_rpc_method_names_must_be_identifiers():
     with pytest.raises(SandboxError, match="not a Python identifier"):
         await Sandbox.create(fast_config(), rpc_methods=("llm query",))
+
+
+async def test_subcalls_from_threads_started_by_model_code_are_answered_in_order():
+    async with await Sandbox.create(fast_config(exec_timeout_s=10), handler=_echo_handler) as sandbox:
+        result = await sandbox.execute(
+            "import threading\nanswers = {}\n"
+            "def ask(i):\n    answers[i] = llm_query_batched([f'q{i}'])[0]\n"
+            "threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]\n"
+            "[t.start() for t in threads]\n[t.join() for t in threads]\n"
+            "print(sorted(answers.items()))")
+    assert result.error is None, result.error
+    assert result.stdout == str(sorted((i, f"echo:q{i}") for i in range(8))) + "\n"

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
+from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxError
 from skyrl_rlm_repl.sandbox.launch import bwrap_problem
 
 BWRAP_SKIP = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
@@ -176,20 +176,18 @@ async def test_dns_lookups_fail(sandbox):
 
 
 @BWRAP_SKIP
-async def test_child_processes_get_no_network_and_no_host_files_from_the_os(loopback_server, host_secret):
-    """A child interpreter has no audit policy at all: only the namespaces stand between it and the host."""
+async def test_network_namespace_holds_even_with_the_audit_policy_rewritten(loopback_server):
+    """Model code can rewrite the policy's code in its own process; the empty network namespace remains."""
     port, connections = loopback_server
-    child = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-             f"    print('net: connected')\nexcept OSError as e:\n    print('net:', type(e).__name__)\n"
-             f"try:\n    open({str(host_secret)!r})\nexcept OSError as e:\n    print('file:', type(e).__name__)\n")
-    async with await Sandbox.create(hostile_config("bwrap", allow_subprocesses=True)) as box:
+    async with await Sandbox.create(hostile_config("bwrap")) as box:
         result = await box.execute(
-            f"import subprocess, sys\nout = subprocess.run([sys.executable, '-I', '-c', {child!r}], "
-            "capture_output=True, text=True, timeout=10)\nprint(out.stdout, out.stderr[-300:])")
-    assert result.error is None, result.error
-    # its own empty loopback refuses (or has no route): the host's server is not reachable from the namespace
-    assert re.search(r"net: (ConnectionRefusedError|OSError)", result.stdout)
-    assert "file: FileNotFoundError" in result.stdout
+            "import gc\n"
+            "policy = next(o for o in gc.get_objects() if type(o).__name__ == 'SandboxPolicy')\n"
+            "type(policy).check.__code__ = (lambda self, event, args: None).__code__\n"
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)")
+    # the namespace's own loopback has nothing listening: the host's server is out of reach
+    assert re.search(r"ConnectionRefusedError|OSError: \[Errno 101\]", result.error)
+    assert "disabled in the sandbox" not in result.error  # really the kernel, not the policy
     assert connections == []
 
 
@@ -212,21 +210,41 @@ async def test_starting_processes_is_refused(sandbox, code):
     assert await still_healthy(sandbox)
 
 
+TAMPER_POLICY = ("import gc\n"
+                 "policy = next(o for o in gc.get_objects() if type(o).__name__ == 'SandboxPolicy')\n"
+                 "policy.allow_subprocesses = True\n")
+FORK_BOMB = ("import os\n"
+             "while True:\n"
+             "    try:\n"
+             "        os.fork()\n"
+             "    except OSError as exc:\n"
+             "        print('fork refused:', exc.strerror)\n"
+             "        break\n")
+
+
 @BWRAP_SKIP
-async def test_fork_bomb_is_capped_by_the_process_limit():
+async def test_fork_bomb_fails_in_the_kernel_even_with_the_policy_tampered():
+    async with await Sandbox.create(hostile_config("bwrap"), context="public context") as box:
+        bomb = await box.execute(TAMPER_POLICY + FORK_BOMB)
+        spawn = await box.execute(TAMPER_POLICY + "import subprocess\nsubprocess.run(['/bin/true'])")
+        threads = await box.execute("import threading\nt = threading.Thread(target=print, args=('threads work',))\n"
+                                    "t.start(); t.join()")
+        assert await still_healthy(box)
+    assert bomb.error is None and bomb.stdout == "fork refused: Operation not permitted\n"
+    assert "PermissionError: [Errno 1] Operation not permitted" in spawn.error
+    assert threads.stdout == "threads work\n"
+
+
+@BWRAP_SKIP
+async def test_fork_bomb_with_subprocesses_allowed_is_capped_by_the_process_limit():
+    if os.geteuid() == 0:
+        pytest.skip("root is exempt from RLIMIT_NPROC, so allow_subprocesses is refused (tested below)")
     config = hostile_config("bwrap", allow_subprocesses=True, max_processes=16, exec_timeout_s=3)
     async with await Sandbox.create(config, context="public context") as box:
         pid = box.pid
-        bomb = await box.execute(
-            "import os\n"
-            "while True:\n"
-            "    try:\n"
-            "        os.fork()\n"
-            "    except OSError as exc:\n"
-            "        print('fork refused:', exc.strerror)\n"
-            "        break\n")
+        bomb = await box.execute(FORK_BOMB)
         assert await still_healthy(box)
-    # every forked copy answers on the shared channel: the parent sees a protocol violation or a time-out
+    # every forked copy answers on the shared channel: a protocol violation, or a time-out
     assert bomb.error is not None and bomb.sandbox_restarted
     assert await group_gone(pid)
 
@@ -244,10 +262,16 @@ async def group_gone(pgid: int, within_s: float = 10.0) -> bool:
 
 
 async def test_allowing_subprocesses_without_bwrap_is_refused():
-    from skyrl_rlm_repl.sandbox import SandboxError
-
     with pytest.raises(SandboxError, match="allow_subprocesses needs the bwrap backend"):
         await Sandbox.create(hostile_config("subprocess", allow_subprocesses=True))
+
+
+@BWRAP_SKIP
+async def test_allowing_subprocesses_as_root_is_refused():
+    if os.geteuid() != 0:
+        pytest.skip("only root is exempt from RLIMIT_NPROC")
+    with pytest.raises(SandboxError, match="refused when running as root"):
+        await Sandbox.create(hostile_config("bwrap", allow_subprocesses=True))
 
 
 # --- signals and the parent -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from skyrl_rlm_repl.sandbox.protocol import (
     read_message,
     text_field,
 )
+from skyrl_rlm_repl.sandbox.seccomp import build_filter
 
 
 def reader_with(data: bytes, eof: bool = True) -> asyncio.StreamReader:
@@ -109,3 +110,12 @@ async def test_backend_bwrap_that_cannot_work_is_a_clear_error(monkeypatch):
 def test_messages_are_ascii_json():
     data = encode({"op": "x", "text": "é"})
     assert json.loads(data[4:]) == {"op": "x", "text": "é"} and data[4:].isascii()
+
+
+def test_seccomp_filter_is_whole_instructions_and_only_for_known_machines():
+    for machine in ("x86_64", "aarch64"):
+        for allow in (False, True):
+            program = build_filter(allow, machine=machine)
+            assert program and len(program) % 8 == 0
+        assert len(build_filter(False, machine=machine)) > len(build_filter(True, machine=machine))
+    assert build_filter(False, machine="sparc64") is None

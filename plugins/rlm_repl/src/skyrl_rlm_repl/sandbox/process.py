@@ -23,9 +23,13 @@ class WorkerProcess:
         self.plan = plan
         self.host_dir = host_dir
         self.max_message_bytes = max_message_bytes
-        with open(host_dir / "stderr.log", "wb") as stderr:
-            self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+        try:
+            with open(host_dir / "stderr.log", "wb") as stderr:
+                self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=stderr, start_new_session=True,
+                                              pass_fds=plan.pass_fds)
+        finally:
+            plan.close_fds()
         # Runs on close(), on garbage collection and at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _kill_and_remove, self.popen, host_dir, os.getpid())
         self._reader: asyncio.StreamReader | None = None

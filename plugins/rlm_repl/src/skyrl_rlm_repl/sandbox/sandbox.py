@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -60,9 +61,7 @@ class Sandbox:
         context_file = None if context is None else _encode_context(context)
         if pool is None:
             pool = await asyncio.to_thread(SandboxPool.shared, config)
-        if config.allow_subprocesses and pool.backend != "bwrap":
-            raise SandboxError("allow_subprocesses needs the bwrap backend: a child process would escape the "
-                               f"{pool.backend!r} backend's in-process policy")
+        _check_subprocesses_allowed(config, pool)
         sandbox = cls(config, pool, context_file, scaffold_code, rpc_methods, handler)
         await sandbox._start()
         return sandbox
@@ -241,6 +240,20 @@ class Sandbox:
         result = _failure(f"{reason} {_RESTART_NOTE}", started, timed_out=timed_out)
         result.sandbox_restarted = True
         return result
+
+
+def _check_subprocesses_allowed(config: SandboxConfig, pool: SandboxPool) -> None:
+    if config.allow_subprocesses != pool.allow_subprocesses:
+        raise SandboxError(f"the pool was started with allow_subprocesses={pool.allow_subprocesses}, the config "
+                           f"asks for {config.allow_subprocesses}")
+    if not config.allow_subprocesses:
+        return
+    if pool.backend != "bwrap":
+        raise SandboxError("allow_subprocesses needs the bwrap backend: a child process would escape the "
+                           f"{pool.backend!r} backend's in-process policy")
+    if os.geteuid() == 0:
+        raise SandboxError("allow_subprocesses is refused when running as root: the kernel exempts root's "
+                           "processes from RLIMIT_NPROC, so max_processes could not stop a fork bomb")
 
 
 def _encode_context(context: Any) -> tuple[str, bytes]:

@@ -11,7 +11,11 @@ HEADER = struct.Struct(">I")
 
 
 class Channel:
-    """Blocking send/receive of JSON messages; a lock keeps request/reply pairs from threads intact."""
+    """Blocking send/receive of JSON messages.
+
+    ``lock`` is held by whoever waits for a message (the idle worker loop, or a thread waiting for
+    the answer to its sub-call request), so a reply is always read by the thread that expects it.
+    """
 
     def __init__(self, read_fd: int, write_fd: int, max_message_bytes: int) -> None:
         self._read_fd = read_fd
@@ -25,9 +29,10 @@ class Channel:
             raise ValueError(f"message of {len(payload):,} bytes exceeds the sandbox limit of "
                              f"{self.max_message_bytes:,} bytes")
         data = memoryview(HEADER.pack(len(payload)) + payload)
-        while data:
-            written = os.write(self._write_fd, data)
-            data = data[written:]
+        with self.lock:  # frames from several threads must never interleave
+            while data:
+                written = os.write(self._write_fd, data)
+                data = data[written:]
 
     def receive(self) -> dict:
         (size,) = HEADER.unpack(self._read_exactly(HEADER.size))

@@ -71,7 +71,8 @@ def _initialise(init: dict, channel: Channel) -> Repl:
 def _serve(repl: Repl, channel: Channel) -> int:
     while True:
         try:
-            message = channel.receive()
+            with channel.lock:
+                message = channel.receive()
         except EOFError:
             return 0
         if message.get("op") == "exec":
