@@ -29,7 +29,7 @@ it in the prompt). llm_query_batched(prompts) -> list[str] asks several at once.
 """
 RECURSIVE_TOOLS = """\
 - rlm_query(prompt, context=None) -> answer: a helper with its own REPL solves prompt over context \
-(default: your context) and returns its FINAL answer. rlm_query_batched(prompts, context_list=None) \
+(default: your context) and returns its FINAL answer (a list if it answered with a list, a string starting with "Error:" if it gave none). rlm_query_batched(prompts, context_list=None) \
 runs several helpers at once and returns their answers in order.
 """
 LIMITS = """\

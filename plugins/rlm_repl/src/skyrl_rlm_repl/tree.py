@@ -40,6 +40,9 @@ from skyrl_rlm_repl.tree_metrics import tree_metrics
 class RLMTreeConfig(GeneratorConfig):
     """Options of generator ``rlm_tree``; sub-call limits live in the env config (``env.subcalls``)."""
 
+    max_context_length: int = Field(8192, ge=8, description="Prompt + response never exceeds this (REPL "
+                                                            "transcripts grow fast, hence more than 'default').")
+
     sub_engine: dict[str, Any] | None = Field(
         None, description="Frozen engine for llm_query and child episodes, as an engine section, e.g. "
                           "{id: openai, base_url: ..., model: ...}; None: the policy engine.")
