@@ -55,7 +55,9 @@ def python_executable() -> str:
 
 def clean_env(tmp_dir: str) -> dict[str, str]:
     """The worker's whole environment: nothing from the parent (no API keys, no tokens)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": tmp_dir, "TMPDIR": tmp_dir, "LANG": "C.UTF-8"}
+    # Few malloc arenas: each reserves 64 MB of address space, which RLIMIT_AS would count per thread.
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": tmp_dir, "TMPDIR": tmp_dir, "LANG": "C.UTF-8",
+            "MALLOC_ARENA_MAX": "2"}
 
 
 def _python_args(lib_dir: str, spawn: dict) -> list[str]:
