@@ -14,7 +14,6 @@ import time
 
 from rich.console import Console
 from rich.table import Table
-
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.testing.scripted_engine import ScriptedEngine
 from skyrl_core.testing.tokenizers import make_tokenizer

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from skyrl_core.testing.scripted_engine import ScriptedEngine
 from skyrl_core.testing.tokenizers import make_tokenizer
 from skyrl_rlm_repl.env import RLMReplEnv

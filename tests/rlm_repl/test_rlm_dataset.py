@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from skyrl_rlm_repl.env import RLMReplEnv
 from skyrl_rlm_repl.evidence.dataset import DatasetError, load_tasks
 from skyrl_rlm_repl.evidence.reward import SourceIndex

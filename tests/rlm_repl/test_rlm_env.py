@@ -7,7 +7,6 @@ import pickle
 
 import pytest
 from conftest import CONTEXT_TASK, repl
-
 from skyrl_core.testing import check_env
 from skyrl_rlm_repl.env import RLMReplEnv
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from skyrl_rlm_repl.evidence.reward import SourceIndex, match_key, parse_snippets, score_evidence, similarity
 from skyrl_rlm_repl.rewards import score_answer
 

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 from conftest import CONTEXT_TASK, repl, scripted_policy
-
 from skyrl_core.factory import ConfigError
 from skyrl_rlm_repl.tree import RLMTreeConfig, RLMTreeGenerator, child_answer
 
@@ -217,7 +216,6 @@ async def test_frozen_sub_engine_serves_llm_query_and_children_which_stay_out_of
 async def test_llm_judge_is_mixed_into_the_root_reward_and_never_sees_invented_quotes(tokenizer, evidence_tasks,
                                                                                       judge_reply, judged):
     from rlm_openai_server import frozen_model_server
-
     from skyrl_rlm_repl.evidence.reward import SourceIndex, score_evidence
 
     task = evidence_tasks[0]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from skyrl_core import EnvConfig
+
 from skyrl_rlm_repl.sandbox import SandboxConfig
 
 

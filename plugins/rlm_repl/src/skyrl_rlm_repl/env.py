@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core import EnvConfig, StepResult, TextEnv
+
 from skyrl_rlm_repl.config import RLMReplConfig
 from skyrl_rlm_repl.evidence.dataset import load_tasks
 from skyrl_rlm_repl.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync

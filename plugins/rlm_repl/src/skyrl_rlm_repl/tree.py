@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field, field_validator
-
 from skyrl_core import GeneratorConfig, MultiTurnGenerator, Trajectory, TrajectoryBatch
 from skyrl_core.chat import ChatTokenizer
 from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import ConfigError, component_config
 from skyrl_core.plugins import get_plugin_manager, get_registry
+
 from skyrl_rlm_repl.budget import RolloutBudget, TokenBudgetExhausted
 from skyrl_rlm_repl.config import SubcallLimits
 from skyrl_rlm_repl.env import task_context
@@ -214,7 +214,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
                 return request.refuse(f"Error: {method} refused: {len(request.prompts)} prompts in one call; "
                                       f"max_batch_size={self.limits.max_batch_size}.")
             answers = await asyncio.gather(*(self._one(node, request, prompt, context)
-                                             for prompt, context in zip(request.prompts, request.contexts)))
+                                             for prompt, context in zip(request.prompts, request.contexts, strict=True)))
             return request.reply(answers)
 
         return handle
