@@ -73,3 +73,10 @@ def test_prompt_at_max_depth_offers_no_child_repls_and_no_subcalls_when_disabled
 def test_hostile_response_with_thousands_of_unclosed_finals_parses_in_one_pass():
     hostile = "FINAL(\n" * 7000 + "FINAL(done)\n" + "((((" * 2000
     assert parse_response(hostile).final == "done"
+
+
+def test_prompt_describes_the_context_without_including_it():
+    papers = {"p1": {"Title": "A", "Intro": "x" * 1000}, "p2": {"Intro": "y" * 500}}
+    prompt = system_prompt(max_turns=3, context=papers, depth=0, max_depth=1, max_sub_calls=4, evidence_tools=True)
+    assert "a dict with 2 keys: 'p1', 'p2'; 1,501 characters of text in all" in prompt
+    assert "x" * 100 not in prompt

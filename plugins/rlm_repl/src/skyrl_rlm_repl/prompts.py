@@ -65,7 +65,17 @@ def describe_context(context: Any) -> str:
     if isinstance(context, dict):
         keys = list(context)
         shown = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
-        return f"a dict with {len(keys)} keys: {shown}"
+        return f"a dict with {len(keys)} keys: {shown}; {_text_size(context):,} characters of text in all"
     if isinstance(context, (list, tuple)):
-        return f"a list of {len(context)} items"
+        return f"a list of {len(context)} items; {_text_size(context):,} characters of text in all"
     return f"a {type(context).__name__}"
+
+
+def _text_size(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_size(v) for v in value)
+    return 0
