@@ -24,7 +24,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-
 from skyrl_sql.data.builtin import builtin_rows, ensure_builtin_databases
 from skyrl_sql.env import SQLEnv
 from skyrl_sql.executors import connect, execute

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from skyrl_sql.data.builtin import builtin_rows
 from skyrl_sql.env import SQLEnv
 

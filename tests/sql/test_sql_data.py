@@ -7,14 +7,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from sql_helpers import HAS_DUCKDB, THINK, folder_digest
-
 from skyrl_core.data import DataError
 from skyrl_sql.config import SQLEnvConfig
 from skyrl_sql.data.builtin import builtin_rows, ensure_builtin_databases
 from skyrl_sql.data.loaders import DatasetError, load_questions, resolve_database
 from skyrl_sql.data.questions import QUESTIONS
 from skyrl_sql.env import SQLEnv
+from sql_helpers import HAS_DUCKDB, THINK, folder_digest
 
 
 def test_builtin_splits_cover_every_question_once_with_all_difficulties():
@@ -162,3 +161,16 @@ def test_missing_split_and_missing_db_root_are_explained(spider_root):
 def test_db_ids_cannot_escape_the_database_folder(spider_root):
     with pytest.raises(DataError, match="must be a plain database name"):
         resolve_database({"db_id": "../concert"}, "sqlite", str(spider_root / "database"), None)
+
+
+def test_text_that_is_not_utf8_is_shown_not_fatal(spider_root):
+    db = spider_root / "database" / "concert" / "concert.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("INSERT INTO singer VALUES (4, CAST(x'4bff6c' AS TEXT), 50)")  # 'K\xffl'
+    conn.commit()
+    conn.close()
+    row = {"id": "t", "db_id": "concert", "question": "Names?", "reward_spec": {"ground_truth": "SELECT name FROM singer"}}
+    env = SQLEnv(row, {"db_root": str(spider_root / "database")})
+    env.reset(seed=0)
+    text = env.step(f"{THINK}<sql>SELECT name FROM singer WHERE id = 4</sql>").observation[0]["content"]
+    assert "K\ufffdl" in text

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from sql_helpers import ENGINES, THINK, query, started_env, task
-
 from skyrl_core import get_registry, make_env
 from skyrl_core.factory import ConfigError
 from skyrl_core.testing import check_env
 from skyrl_sql.env import SQLEnv
 from skyrl_sql.render import INVALID_ACTION
+from sql_helpers import ENGINES, THINK, query, started_env, task
 
 
 @pytest.mark.parametrize("engine", ENGINES)

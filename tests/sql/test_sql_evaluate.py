@@ -4,7 +4,6 @@ scripted engine that solves exactly the questions we choose."""
 from __future__ import annotations
 
 import pytest
-
 from skyrl_core.testing.scripted_engine import ScriptedEngine
 from skyrl_core.testing.tokenizers import make_tokenizer
 from skyrl_sql.data.builtin import builtin_rows

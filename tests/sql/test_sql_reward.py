@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from sql_helpers import ENGINES, THINK, started_env, task
-
 from skyrl_sql.data.builtin import builtin_rows
 from skyrl_sql.env import SQLEnv
 from skyrl_sql.reward import normalize_sql, orders_result, results_match
 from skyrl_sql.tags import check_format
+from sql_helpers import ENGINES, THINK, started_env, task
 
 
 @pytest.mark.parametrize(("predicted", "gold", "ordered", "duplicates", "expected"), [

@@ -9,10 +9,9 @@ import threading
 import time
 
 import pytest
-from sql_helpers import ENGINES, HAS_DUCKDB, folder_digest, query, started_env
-
 from skyrl_sql.result import QueryRequest
 from skyrl_sql.sandbox import QueryRunner, SandboxSettings
+from sql_helpers import ENGINES, HAS_DUCKDB, folder_digest, query, started_env
 
 FOREVER = {
     "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n",

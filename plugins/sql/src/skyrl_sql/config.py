@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Literal
 
-from pydantic import Field
-
+from pydantic import Field, field_validator
 from skyrl_core import EnvConfig
 
 
 class SQLEnvConfig(EnvConfig):
     max_turns: int = Field(5, ge=1, description="Turns per episode, the last one included (SkyRL-SQL evaluates with 5).")
-    engine: Literal["sqlite", "duckdb"] = Field("sqlite", description="Database engine; duckdb needs skyrl-sql[duckdb].")
+    engine: Literal["sqlite", "duckdb"] = Field("sqlite", description="Database engine; duckdb needs the duckdb package.")
     data_files: dict[str, str] = Field(
         default_factory=dict,
         description="Split -> JSON/JSONL/Parquet questions file (Spider/BIRD/SynSQL/SkyRL-SQL rows); "
@@ -35,3 +35,10 @@ class SQLEnvConfig(EnvConfig):
     require_think: bool = Field(True, description="SkyRL-SQL's format rule: <think> first and after every observation.")
     duplicates: Literal["ignore", "count"] = Field(
         "ignore", description="Unordered result comparison as sets (SkyRL-SQL) or as multisets.")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_installed(cls, engine: str) -> str:
+        if engine == "duckdb" and importlib.util.find_spec("duckdb") is None:
+            raise ValueError("engine 'duckdb' needs the duckdb package: pip install duckdb")
+        return engine

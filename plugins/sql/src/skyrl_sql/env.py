@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core import EnvConfig, StepResult, TextEnv
+
 from skyrl_sql.config import SQLEnvConfig
 from skyrl_sql.data.builtin import builtin_rows
 from skyrl_sql.data.loaders import DatasetError, load_questions, resolve_database

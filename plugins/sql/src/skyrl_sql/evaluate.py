@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skyrl_core import GeneratorConfig, InferenceEngine, MultiTurnGenerator, TrajectoryBatch
+
 from skyrl_sql.config import SQLEnvConfig
 
 # SkyRL-SQL stops generation at the end of a query or a solution, so each turn holds one action.

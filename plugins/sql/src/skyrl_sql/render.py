@@ -51,7 +51,7 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         return ""
     cells = [[str(c) for c in columns]] + [[_cell(v) for v in row] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join(" ".join(value.rjust(width) for value, width in zip(line, widths)) for line in cells)
+    return "\n".join(" ".join(value.rjust(width) for value, width in zip(line, widths, strict=True)) for line in cells)
 
 
 def _cell(value: Any) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core.data import DataError
+
 from skyrl_sql.data.questions import QUESTIONS
 from skyrl_sql.data.schemas import SCHEMAS, Schema
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core.data import DataError
+
 from skyrl_sql.data.builtin import EXTENSIONS, ensure_builtin_databases
 
 GOLD_FIELDS = ("reward_spec.ground_truth", "query", "SQL", "sql", "gold_sql")
@@ -64,7 +65,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
             raise DatasetError("reading Parquet needs pyarrow or duckdb: pip install 'skyrl-sql[duckdb]'") from None
         cursor = duckdb.connect().execute("SELECT * FROM read_parquet(?)", [str(path)])
         columns = [d[0] for d in cursor.description]
-        return [dict(zip(columns, row)) for row in cursor.fetchall()]
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
     return pq.read_table(path).to_pylist()
 
 

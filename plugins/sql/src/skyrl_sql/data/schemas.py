@@ -27,7 +27,7 @@ class Schema:
 
 
 def _names(rng: random.Random, n: int) -> list[str]:
-    pool = [f"{f} {l}" for f in FIRST for l in LAST]
+    pool = [f"{first} {last}" for first in FIRST for last in LAST]
     return rng.sample(pool, n)
 
 
