@@ -26,9 +26,9 @@ class StepRecorder:
         self.calls.append((step, metrics["reward/mean"]))
 
 
-def train_resume_export(run_config, register_skyrl_plugin, world_size):
+def train_resume_export(run_config, register_skyrl_plugin, **trainer_options):
     recorder = register_skyrl_plugin(StepRecorder(), name="recorder")
-    trainer = {"world_size": world_size, "checkpoint_every": 1, "kl_coef": 0.01}
+    trainer = {"checkpoint_every": 1, "kl_coef": 0.01, **trainer_options}
     cfg = run_config(trainer={**trainer, "steps": 2})
     run_dir = Path(cfg.run.output_dir)
     summary = FSDPGRPOTrainer(cfg).fit()
@@ -39,6 +39,7 @@ def train_resume_export(run_config, register_skyrl_plugin, world_size):
     for key in REPORTED:
         assert all(isinstance(r[key], float) for r in records), key
     assert records[0]["train/logprob_gap_mean"] < 1e-3  # the engine samples with the trainer's weights
+    assert all(r["train/optimizer_steps"] == trainer.get("mini_batches", 1) for r in records)
     assert [step for step, _ in recorder.calls] == [1, 2]
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
     assert (run_dir / "checkpoints" / "step_000001" / "trainer_state.pt").is_file()
@@ -76,8 +77,8 @@ def _reverse_text_tasks(cfg):
 
 
 @pytest.mark.slow
-def test_world_size_1(run_config, register_skyrl_plugin):
-    train_resume_export(run_config, register_skyrl_plugin, world_size=1)
+def test_world_size_1_with_mini_batches_and_gradient_checkpointing(run_config, register_skyrl_plugin):
+    train_resume_export(run_config, register_skyrl_plugin, world_size=1, mini_batches=2, gradient_checkpointing=True)
 
 
 @pytest.mark.slow

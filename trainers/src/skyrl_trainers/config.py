@@ -31,8 +31,8 @@ class FSDPGRPOConfig(BaseModel):
     micro_batch_tokens: int = Field(2048, ge=1, description="Token budget (rows x padded length) of one micro-batch.")
 
     # optimisation
-    steps: int = Field(3, ge=1, description="Training steps (each: one rollout batch, one optimizer step per mini-batch).")
-    batch_size: int = Field(2, ge=1, description="Tasks per step; each yields generator.n_samples_per_prompt samples.")
+    steps: int = Field(2, ge=1, description="Training steps (each: one rollout batch, one optimizer step per mini-batch).")
+    batch_size: int = Field(1, ge=1, description="Tasks per step; each yields generator.n_samples_per_prompt samples.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per rollout batch (PPO-style; >1 recomputes old logprobs).")
     lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up to lr.")

@@ -28,7 +28,7 @@ from skyrl_trainers.data import TaskStream, load_training_tasks
 from skyrl_trainers.engine_setup import build_engine
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.run_folder import RunFolder, driver_rng_state, set_driver_rng_state
-from skyrl_trainers.worker import WorkerSpec
+from skyrl_trainers.worker import WorkerSpec, accumulate
 from skyrl_trainers.workers import make_worker_group
 
 log = logging.getLogger(__name__)
@@ -175,8 +175,7 @@ def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """Combine the sums the ranks return into per-step means."""
     total: dict[str, float] = {}
     for values in per_rank:
-        for key, value in values.items():
-            total[key] = max(total.get(key, value), value) if key.endswith("_max") else total.get(key, 0.0) + value
+        accumulate(total, values)
     tokens = max(total.get("tokens", 0.0), 1.0)
     steps = max(per_rank[0].get("optimizer_steps", 1.0), 1.0)  # each rank took the same optimizer steps
     return {

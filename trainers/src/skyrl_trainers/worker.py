@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -103,16 +102,14 @@ class TrainWorker:
 
     def train_step(self, plans: list[MiniBatchPlan]) -> dict[str, float]:
         """One optimizer step per mini-batch plan; returns sums that the driver adds over ranks."""
-        started = time.perf_counter()
         totals: dict[str, float] = {}
         old = self._old_logprobs(plans) if len(plans) > 1 else None
         for k, plan in enumerate(plans):
             self.optimizer.zero_grad(set_to_none=True)
             for m, samples in enumerate(plan.micro_batches):
                 batch = collate(samples, self.pad_id).to(self.device)
-                self._accumulate(totals, self._backward(batch, plan, old[k][m] if old else None))
-            self._accumulate(totals, self._optimizer_step())
-        totals["time/train_seconds"] = time.perf_counter() - started if self.rank == 0 else 0.0
+                accumulate(totals, self._backward(batch, plan, old[k][m] if old else None))
+            accumulate(totals, self._optimizer_step())
         return totals
 
     @torch.no_grad()
@@ -148,14 +145,6 @@ class TrainWorker:
             skipped = 1.0
         self.scheduler.step()
         return {"grad_norm_sum": grad_norm, "optimizer_steps": 1.0, "skipped_steps": skipped, "lr_sum": lr}
-
-    @staticmethod
-    def _accumulate(totals: dict[str, float], values: dict[str, float]) -> None:
-        for key, value in values.items():
-            if key.endswith("_max"):
-                totals[key] = max(totals.get(key, value), value)
-            else:
-                totals[key] = totals.get(key, 0.0) + value
 
     # -- weights out --------------------------------------------------------------------------------
 
@@ -210,6 +199,15 @@ class TrainWorker:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def accumulate(totals: dict[str, float], values: dict[str, float]) -> None:
+    """Add metric sums into ``totals`` (keys ending in ``_max`` keep the maximum)."""
+    for key, value in values.items():
+        if key.endswith("_max"):
+            totals[key] = max(totals.get(key, value), value)
+        else:
+            totals[key] = totals.get(key, 0.0) + value
 
 
 def _rng_state() -> dict[str, Any]:
