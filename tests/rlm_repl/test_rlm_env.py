@@ -200,3 +200,16 @@ def test_task_without_a_question_is_a_clear_error():
 def test_check_env_passes():
     report = check_env("rlm_repl", n_tasks=2)
     assert not report.failed and "gold[1]" in report.passed
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "subprocess"])
+def test_episode_runs_on_the_configured_backend(make_env, backend):
+    if backend == "bwrap":
+        from skyrl_rlm_repl.sandbox.launch import resolve_backend
+
+        if resolve_backend("auto") != "bwrap":
+            pytest.skip("bubblewrap is not usable on this machine")
+    env = make_env(sandbox={"backend": backend})
+    env.step(repl("import json", "data = json.dumps({'city': context.split()[-1]})"))
+    result = env.step(repl("FINAL(json.loads(data)['city'].rstrip('.'))"))
+    assert result.info["sandbox_backend"] == backend and result.reward == 1.0
