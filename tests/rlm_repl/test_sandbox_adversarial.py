@@ -222,9 +222,8 @@ FORK_BOMB = ("import os\n"
              "        break\n")
 
 
-@BWRAP_SKIP
-async def test_fork_bomb_fails_in_the_kernel_even_with_the_policy_tampered():
-    async with await Sandbox.create(hostile_config("bwrap"), context="public context") as box:
+async def test_fork_bomb_fails_in_the_kernel_even_with_the_policy_tampered(backend):
+    async with await Sandbox.create(hostile_config(backend), context="public context") as box:
         bomb = await box.execute(TAMPER_POLICY + FORK_BOMB)
         spawn = await box.execute(TAMPER_POLICY + "import subprocess\nsubprocess.run(['/bin/true'])")
         threads = await box.execute("import threading\nt = threading.Thread(target=print, args=('threads work',))\n"
@@ -286,6 +285,22 @@ async def test_signalling_other_processes_is_refused(sandbox, code):
     result = await sandbox.execute(code)
     assert "PermissionError" in result.error
     assert await still_healthy(sandbox)  # and this test process is evidently still alive
+
+
+async def test_signalling_the_parent_fails_in_the_kernel_even_with_the_policy_rewritten(backend):
+    async with await Sandbox.create(hostile_config(backend), context="public context") as box:
+        result = await box.execute(
+            "import gc, os, signal\n"
+            "policy = next(o for o in gc.get_objects() if type(o).__name__ == 'SandboxPolicy')\n"
+            "type(policy).check.__code__ = (lambda self, event, args: None).__code__\n"
+            "for target in (os.getppid(), -1):\n"
+            "    try:\n"
+            "        os.kill(target, signal.SIGKILL)\n"
+            "    except OSError as exc:\n"
+            "        print(target == -1, exc.strerror)\n")
+        assert await still_healthy(box)
+    assert result.error is None
+    assert result.stdout == "False Operation not permitted\nTrue Operation not permitted\n"
 
 
 async def test_killing_itself_is_reported_and_the_sandbox_restarts(sandbox):

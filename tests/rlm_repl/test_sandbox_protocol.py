@@ -118,4 +118,5 @@ def test_seccomp_filter_is_whole_instructions_and_only_for_known_machines():
             program = build_filter(allow, machine=machine)
             assert program and len(program) % 8 == 0
         assert len(build_filter(False, machine=machine)) > len(build_filter(True, machine=machine))
+        assert len(build_filter(False, own_pid=7, machine=machine)) > len(build_filter(False, machine=machine))
     assert build_filter(False, machine="sparc64") is None

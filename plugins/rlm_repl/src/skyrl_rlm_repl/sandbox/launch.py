@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .result import SandboxError
-from .seccomp import build_filter
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +40,6 @@ class LaunchPlan:
     inside_tmp: str
     inside_inbox: str
     inside_read_roots: tuple[str, ...]
-    pass_fds: tuple[int, ...] = ()  # handed to the child, then closed here (see close_fds)
-
-    def close_fds(self) -> None:
-        for fd in self.pass_fds:
-            os.close(fd)
 
 
 def python_executable() -> str:
@@ -71,7 +65,7 @@ def plan_subprocess(host_dir: Path, max_message_bytes: int) -> LaunchPlan:
                       inside_tmp=tmp, inside_inbox=inbox, inside_read_roots=(str(WORKER_PACKAGE), inbox))
 
 
-def plan_bwrap(host_dir: Path, max_message_bytes: int, tmp_size_mb: int, allow_subprocesses: bool) -> LaunchPlan:
+def plan_bwrap(host_dir: Path, max_message_bytes: int, tmp_size_mb: int) -> LaunchPlan:
     argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr"]
@@ -90,17 +84,11 @@ def plan_bwrap(host_dir: Path, max_message_bytes: int, tmp_size_mb: int, allow_s
     argv += ["--ro-bind", str(WORKER_PACKAGE), f"{_INSIDE_LIB}/worker",
              "--ro-bind", str(host_dir / "inbox"), _INSIDE_INBOX,
              "--proc", "/proc", "--dev", "/dev",
-             "--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp"]
-    pass_fds: tuple[int, ...] = ()
-    program = build_filter(allow_subprocesses)
-    if program is not None:
-        (host_dir / "seccomp.bpf").write_bytes(program)
-        pass_fds = (os.open(host_dir / "seccomp.bpf", os.O_RDONLY),)
-        argv += ["--seccomp", str(pass_fds[0])]
+             "--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp", "--"]
     spawn = {"max_message_bytes": max_message_bytes, "expected_parent_pid": None}
-    return LaunchPlan(argv=argv + ["--"] + _python_args(_INSIDE_LIB, spawn), cwd=str(host_dir),
-                      env=clean_env("/tmp"), inside_tmp="/tmp", inside_inbox=_INSIDE_INBOX,
-                      inside_read_roots=(f"{_INSIDE_LIB}/worker", _INSIDE_INBOX), pass_fds=pass_fds)
+    return LaunchPlan(argv=argv + _python_args(_INSIDE_LIB, spawn), cwd=str(host_dir), env=clean_env("/tmp"),
+                      inside_tmp="/tmp", inside_inbox=_INSIDE_INBOX,
+                      inside_read_roots=(f"{_INSIDE_LIB}/worker", _INSIDE_INBOX))
 
 
 def make_host_dir() -> Path:
@@ -118,13 +106,9 @@ def bwrap_problem() -> str | None:
         return "bwrap is not installed"
     host_dir = make_host_dir()
     try:
-        plan = plan_bwrap(host_dir, 1024, 1, allow_subprocesses=False)
+        plan = plan_bwrap(host_dir, 1024, 1)
         argv = plan.argv[: plan.argv.index("--") + 1] + [python_executable(), "-I", "-S", "-c", "print('ok')"]
-        try:
-            done = subprocess.run(argv, cwd=plan.cwd, env=plan.env, capture_output=True, timeout=30,
-                                  pass_fds=plan.pass_fds)
-        finally:
-            plan.close_fds()
+        done = subprocess.run(argv, cwd=plan.cwd, env=plan.env, capture_output=True, timeout=30)
         if done.returncode != 0 or done.stdout.strip() != b"ok":
             return f"bwrap failed (exit {done.returncode}): {done.stderr.decode(errors='replace').strip()[-500:]}"
         return None

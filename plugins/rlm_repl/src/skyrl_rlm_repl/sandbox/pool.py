@@ -29,7 +29,6 @@ class SandboxPool:
         self.size = config.pool_size if size is None else size
         self._max_message_bytes = config.max_message_mb * 1024 * 1024
         self._tmp_size_mb = config.tmp_size_mb
-        self.allow_subprocesses = config.allow_subprocesses
         self._idle: deque[WorkerProcess] = deque()
         self._starting = 0
         self._lock = threading.Lock()
@@ -39,8 +38,7 @@ class SandboxPool:
     @classmethod
     def shared(cls, config: SandboxConfig) -> SandboxPool:
         """The process-wide pool for workers started the way ``config`` asks."""
-        key = (resolve_backend(config.backend), config.tmp_size_mb, config.max_message_mb, config.pool_size,
-               config.allow_subprocesses)
+        key = (resolve_backend(config.backend), config.tmp_size_mb, config.max_message_mb, config.pool_size)
         with _SHARED_LOCK:
             if key not in _SHARED:
                 _SHARED[key] = cls(config)
@@ -67,7 +65,7 @@ class SandboxPool:
     def start_worker(self) -> WorkerProcess:
         host_dir = make_host_dir()
         if self.backend == "bwrap":
-            plan = plan_bwrap(host_dir, self._max_message_bytes, self._tmp_size_mb, self.allow_subprocesses)
+            plan = plan_bwrap(host_dir, self._max_message_bytes, self._tmp_size_mb)
         else:
             plan = plan_subprocess(host_dir, self._max_message_bytes)
         return WorkerProcess(self.backend, plan, host_dir, self._max_message_bytes)

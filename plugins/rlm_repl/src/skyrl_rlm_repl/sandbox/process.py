@@ -23,13 +23,9 @@ class WorkerProcess:
         self.plan = plan
         self.host_dir = host_dir
         self.max_message_bytes = max_message_bytes
-        try:
-            with open(host_dir / "stderr.log", "wb") as stderr:
-                self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
-                                              stdout=subprocess.PIPE, stderr=stderr, start_new_session=True,
-                                              pass_fds=plan.pass_fds)
-        finally:
-            plan.close_fds()
+        with open(host_dir / "stderr.log", "wb") as stderr:
+            self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
         # Runs on close(), on garbage collection and at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _kill_and_remove, self.popen, host_dir, os.getpid())
         self._reader: asyncio.StreamReader | None = None
@@ -40,14 +36,16 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.popen.pid
 
-    async def attach(self) -> None:
-        """Connect the pipes to the running loop and wait for the worker's ``ready`` message."""
+    async def attach(self) -> int:
+        """Connect the pipes to the running loop, wait for ``ready``; returns the worker's own view of its pid."""
         loop = asyncio.get_running_loop()
         self._reader = asyncio.StreamReader(limit=2**20)
         self._read_transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(self._reader), self.popen.stdout)
         self._writer, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, self.popen.stdin)
-        protocol.expect(await self.receive(), "ready")
+        ready = await self.receive()
+        protocol.expect(ready, "ready")
+        return protocol.int_field(ready, "pid")
 
     def send(self, message: dict[str, Any]) -> None:
         if self._writer is None or self._writer.is_closing():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -14,7 +15,10 @@ from .config import SandboxConfig
 from .pool import SandboxPool
 from .process import WorkerProcess
 from .result import ExecResult, SandboxError
+from .seccomp import build_filter
 
+log = logging.getLogger(__name__)
+_warned: list[bool] = []  # log a missing protection once per process, not once per sandbox
 RequestHandler = Callable[[str, dict], Awaitable[Any]]
 DEFAULT_RPC_METHODS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
 _RESTART_NOTE = ("The sandbox was restarted: every variable from earlier code blocks is lost "
@@ -131,14 +135,16 @@ class Sandbox:
                                    f"its stderr: {stderr or '(empty)'}")
 
     async def _initialise(self, worker: WorkerProcess) -> None:
-        await worker.attach()
+        own_pid = await worker.attach()
         config = self.config
+        program = build_filter(config.allow_subprocesses, own_pid=own_pid)
         context_path = None if self._context_file is None else worker.write_inbox(*self._context_file)
         worker.send({
             "op": "init",
             "limits": {"cpu_time_s": config.cpu_time_s, "memory_bytes": config.memory_mb * 2**20,
                        "max_processes": config.max_processes, "max_open_files": config.max_open_files,
                        "max_file_size_bytes": config.max_file_size_mb * 2**20},
+            "seccomp_filter": None if program is None else program.hex(),
             "context_path": context_path, "scaffold_code": self._scaffold_code,
             "rpc_methods": list(self._rpc_methods), "tmp_dir": worker.plan.inside_tmp,
             "read_roots": list(worker.plan.inside_read_roots), "allow_subprocesses": config.allow_subprocesses,
@@ -149,6 +155,10 @@ class Sandbox:
         error = protocol.text_field(reply, "error", _MAX_ERROR_CHARS)
         if error is not None:
             raise SandboxError(f"the sandbox scaffold failed to load:\n{error}")
+        warnings = reply.get("warnings") or []
+        if warnings and not _warned:
+            _warned.append(True)
+            log.warning("sandbox (%s) runs without some protection: %s", self.backend, str(warnings)[:500])
 
     async def _abandon(self, worker: WorkerProcess, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
         if self._worker is worker:
@@ -243,9 +253,6 @@ class Sandbox:
 
 
 def _check_subprocesses_allowed(config: SandboxConfig, pool: SandboxPool) -> None:
-    if config.allow_subprocesses != pool.allow_subprocesses:
-        raise SandboxError(f"the pool was started with allow_subprocesses={pool.allow_subprocesses}, the config "
-                           f"asks for {config.allow_subprocesses}")
     if not config.allow_subprocesses:
         return
     if pool.backend != "bwrap":

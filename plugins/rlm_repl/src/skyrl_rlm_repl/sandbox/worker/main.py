@@ -1,7 +1,7 @@
 """Worker entry point: start up trusted, lock down, then serve execute requests until EOF.
 
-Order matters: the parent-death signal, resource limits and the context are set up before the
-audit policy is installed; from then on nothing the model runs can undo them.
+Order matters: the parent-death signal, resource limits, the seccomp filter and the context are
+set up before the audit policy is installed; from then on nothing the model runs can undo them.
 """
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import resource
-import signal
-import sys
 import traceback
 from typing import Any
 
+from . import kernel
 from .channel import Channel
 from .frozen import freeze
 from .policy import SandboxPolicy
@@ -34,23 +33,29 @@ def main(spawn_json: str) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)  # stray writes to fd 1 must never look like protocol frames
-    _die_with_parent(spawn.get("expected_parent_pid"))
+    kernel.die_with_parent(spawn.get("expected_parent_pid"))
     channel.send({"op": "ready", "pid": os.getpid()})
     try:
         init = channel.receive()
     except EOFError:
         return 0
+    warnings: list[str] = []
     try:
-        repl = _initialise(init, channel)
+        repl = _initialise(init, channel, warnings)
     except BaseException as exc:  # noqa: B036 - report anything, including SystemExit from the scaffold
         channel.send({"op": "init_done", "error": "".join(traceback.format_exception(exc))[-8000:]})
         return 1
-    channel.send({"op": "init_done", "error": None})
+    channel.send({"op": "init_done", "error": None, "warnings": warnings})
     return _serve(repl, channel)
 
 
-def _initialise(init: dict, channel: Channel) -> Repl:
+def _initialise(init: dict, channel: Channel, warnings: list[str]) -> Repl:
     _apply_limits(init["limits"])
+    if init.get("seccomp_filter"):
+        problem = kernel.install_seccomp(bytes.fromhex(init["seccomp_filter"]))
+        if problem:
+            warnings.append(problem)
+    kernel.forget_ctypes()
     context = None
     path = init.get("context_path")
     if path:
@@ -110,18 +115,3 @@ def _apply_limits(limits: dict[str, int]) -> None:
         if current_hard != resource.RLIM_INFINITY:
             soft, hard = min(soft, current_hard), min(hard, current_hard)
         resource.setrlimit(which, (soft, hard))
-
-
-def _die_with_parent(expected_parent_pid: int | None) -> None:
-    """Ask the kernel to SIGKILL this worker when its parent dies (Linux PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
-    except (ImportError, OSError, AttributeError):
-        pass
-    finally:
-        for name in ("ctypes", "_ctypes", "ctypes._endian"):
-            sys.modules.pop(name, None)
-    if expected_parent_pid is not None and os.getppid() != expected_parent_pid:
-        os._exit(1)  # the parent died before the signal was armed
