@@ -8,7 +8,7 @@ Rows per engine:
   env.step, 4 threads four envs stepping concurrently (sandbox pool of 4 processes)
   gold scoring        a <solution> turn: format check, submitted query, cached gold result, comparison
 
-Run: python bench/sql_env.py [--seconds 2]
+Run: python bench/sql_env.py [--seconds 3]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def scoring(engine: str, cache: str) -> Callable[[int], None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per row")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
     args = parser.parse_args()
     table = Table(title=f"sql env throughput ({len(QUERIES)} typical queries on the built-in 'company' database)")
     for column in ("engine", "path", "ops/s", "vs bare connection"):
@@ -120,7 +120,8 @@ def main() -> None:
             baseline = None
             for name, work, threads in rows:
                 rate(work, 0.2, threads)  # warm up: open connections, start sandbox processes
-                ops = rate(work, args.seconds, threads)
+                # Best of 3: other processes share these CPUs, and a query process waits to be scheduled.
+                ops = max(rate(work, args.seconds / 3, threads) for _ in range(3))
                 baseline = baseline or ops
                 table.add_row(engine, name, f"{ops:,.0f}", f"{ops / baseline:.2f}x")
     Console().print(table)
