@@ -10,7 +10,7 @@ import torch
 from skyrl_core.engine import EngineError, SamplingParams
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
-from skyrl_trainers.models import build_tiny_random
+from skyrl_trainers.models import build_tiny_random, cache_dir
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 
@@ -236,3 +236,13 @@ async def test_closing_fails_waiting_requests_instead_of_hanging(tiny):
     engine.close()
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=30)
     assert all(isinstance(r, EngineError) and "closed" in str(r) for r in results)
+
+
+@pytest.mark.skipif(not (cache_dir() / "smollm2-135m" / ".skyrl-complete").exists(),
+                    reason="smollm2-135m not converted yet (test_models.py's slow test converts it)")
+async def test_smollm2_answers_a_simple_question():
+    engine = HFEngine(HFEngineConfig(model="smollm2-135m", device="cpu"))
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}],
+                                                  add_generation_prompt=True, tokenize=True, return_dict=False)
+    out = await engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0))
+    assert "4" in out.text and out.stop_reason == "stop" and out.token_ids[-1] == engine.tokenizer.eos_token_id
