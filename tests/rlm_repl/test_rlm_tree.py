@@ -245,3 +245,32 @@ async def test_episode_that_spends_the_tree_budget_ends_trainable_with_stop_reas
     assert root.stop_reason == "token_budget" and root.error is None and root.reward == 0.0
     assert sum(root.loss_mask) == 60 == root.metrics["tree_tokens"]  # capped exactly at the budget
     assert batch.metrics["rollout/errors"] == 0.0
+
+
+@pytest.mark.parametrize("step_wise", [False, True])
+async def test_trainer_credit_assignment_finds_each_childs_root(tokenizer, step_wise):
+    credit = pytest.importorskip("skyrl_trainers.credit")
+    root_answers = iter(["FINAL(Paris)", "FINAL(Lyon)"] * 2)  # two right, two wrong in one GRPO group
+    child_answers = iter(["['Notes: the capital of France is Paris.']", "['invented']"] * 4)
+
+    def choose(first_user, last_user, turn):
+        if first_user.startswith("CHILD"):
+            return repl(f"FINAL({next(child_answers)})")
+        return repl("out = rlm_query_batched(['CHILD a', 'CHILD b'])") if turn == 0 else next(root_answers)
+
+    batch = await make_generator(tokenizer, choose, step_wise=step_wise).generate([CONTEXT_TASK], n_samples=4)
+    rows = batch.trajectories
+    depth1 = [i for i, t in enumerate(rows) if t.depth == 1]
+    assert len({credit.episode_key(rows[i]) for i in depth1}) == 8
+
+    inherit = credit.assign_advantages(rows, child_advantage="inherit")
+    root_advantage = {credit.episode_key(t): a for t, a in zip(rows, inherit, strict=True) if t.depth == 0}
+    assert min(root_advantage.values()) < 0 < max(root_advantage.values())
+    for i in depth1:
+        assert inherit[i] == root_advantage[rows[i].task["rlm"]["root_id"]]
+    excluded = credit.assign_advantages(rows, child_advantage="exclude")
+    assert [i for i, a in enumerate(excluded) if a is None] == depth1
+    own = credit.assign_advantages(rows, child_advantage="own")
+    child_own = {credit.episode_key(rows[i]): own[i] for i in depth1}
+    grounded = {credit.episode_key(rows[i]) for i in depth1 if rows[i].reward == 1.0}
+    assert len(grounded) == 4 and all((child_own[k] > 0) == (k in grounded) for k in child_own)
