@@ -202,6 +202,11 @@ def test_check_env_passes():
     assert not report.failed and "gold[1]" in report.passed
 
 
+def test_check_env_passes_on_context_and_answer_tasks():
+    report = check_env("rlm_repl", tasks=[CONTEXT_TASK, {**CONTEXT_TASK, "answer": "it's (really) Paris"}])
+    assert not report.failed and "gold[1]" in report.passed
+
+
 @pytest.mark.parametrize("backend", ["bwrap", "subprocess"])
 def test_episode_runs_on_the_configured_backend(make_env, backend):
     if backend == "bwrap":

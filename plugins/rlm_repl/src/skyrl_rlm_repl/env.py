@@ -95,9 +95,11 @@ class RLMReplEnv(TextEnv):
         return [{"role": "system", "content": system}, {"role": "user", "content": self.question()}]
 
     def gold_actions(self) -> list[str] | None:
-        if "evidence" not in self.task:
-            return None
-        return [f"```repl\nFINAL({list(self.task['evidence'])!r})\n```"]
+        if "evidence" in self.task:
+            return [f"```repl\nFINAL({list(self.task['evidence'])!r})\n```"]
+        if "answer" in self.task:
+            return [f"FINAL({str(self.task['answer'])!r})"]
+        return None
 
     @classmethod
     def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:
