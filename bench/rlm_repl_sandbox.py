@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -107,8 +108,9 @@ async def main(backend: str, quick: bool) -> None:
     rates = {n: await throughput(config, warm_pool, n, 200 // scale) for n in (1, 8, 32)}
     base_rate = baseline_throughput(2000)
 
-    print(f"\nskyrl-rlm-repl sandbox benchmark (backend: {cold_pool.backend}; "
-          f"baseline: in-process exec in this run)\n")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"\nskyrl-rlm-repl sandbox benchmark (backend: {cold_pool.backend}; baseline: in-process exec in this "
+          f"run; {os.cpu_count()} CPUs, load average {load})\n")
     print(f"| {'metric':<38} | {'sandbox':>20} | {'in-process baseline':>20} | {'ratio':>11} |")
     print(f"|{'-' * 40}|{'-' * 22}|{'-' * 22}|{'-' * 13}|")
     print(row("start, cold (p50)", statistics.median(cold) * ms, statistics.median(baseline_start) * ms, "ms"))

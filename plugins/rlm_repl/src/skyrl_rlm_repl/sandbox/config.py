@@ -41,6 +41,7 @@ class SandboxConfig(BaseModel):
                                                 "(0: start each on demand).")
     allow_subprocesses: bool = Field(
         False, description="Let model code start processes (fork/exec/subprocess/os.system). Off: such calls raise "
-        "PermissionError. Either way max_processes and the backend's isolation apply.")
+        "PermissionError (audit policy and seccomp). On needs the bwrap backend and a non-root parent, because "
+        "max_processes (RLIMIT_NPROC) is then what stops a fork bomb and the kernel exempts root from it.")
     echo_last_expression: bool = Field(True, description="Print the repr of a trailing bare expression, as an "
                                                          "interactive interpreter does.")

@@ -39,8 +39,7 @@ class Sandbox:
     backend: str
 
     def __init__(self, config: SandboxConfig, pool: SandboxPool, context_file: tuple[str, bytes] | None,
-                 scaffold_code: str,
-                 rpc_methods: Sequence[str], handler: RequestHandler | None) -> None:
+                 scaffold_code: str, rpc_methods: Sequence[str], handler: RequestHandler | None) -> None:
         self.config = config
         self.backend = pool.backend
         self._pool = pool
@@ -82,7 +81,11 @@ class Sandbox:
         await self.close()
 
     async def execute(self, code: str) -> ExecResult:
-        """Run ``code``; problems caused by the code come back in the result, never as exceptions."""
+        """Run ``code``; problems caused by the code come back in the result, never as exceptions.
+
+        Raises :class:`SandboxError` only for infrastructure failures (closed sandbox, a worker that
+        cannot be restarted).
+        """
         if self._closed:
             raise SandboxError("execute() on a closed sandbox")
         async with self._lock:
@@ -171,7 +174,7 @@ class Sandbox:
     async def _execute(self, code: str, started: float) -> ExecResult:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
-        if len(code.encode("utf-8", "replace")) > self._pool_max_bytes:
+        if len(code.encode("utf-8", "replace")) > self._max_message_bytes:
             return _failure(f"the code block is too large ({len(code):,} characters)", started)
         worker = self._worker
         assert worker is not None
@@ -189,7 +192,7 @@ class Sandbox:
                 worker.send(await self._answer_request(message))
                 deadline += loop.time() - waited_from  # time waiting for the handler is not the code's
         except asyncio.TimeoutError:
-            reason = (f"Execution exceeded the {self.config.exec_timeout_s:g} s time limit and was stopped.")
+            reason = f"Execution exceeded the {self.config.exec_timeout_s:g} s time limit and was stopped."
             return await self._restart_after(worker, reason, started, timed_out=True)
         except protocol.WorkerGone:
             status = await self._abandon(worker, grace_s=1.0)
@@ -204,7 +207,7 @@ class Sandbox:
             raise
 
     @property
-    def _pool_max_bytes(self) -> int:
+    def _max_message_bytes(self) -> int:
         return self.config.max_message_mb * 2**20
 
     def _read_result(self, message: dict, started: float) -> ExecResult:
@@ -217,7 +220,7 @@ class Sandbox:
             error=protocol.text_field(message, "error", _MAX_ERROR_CHARS),
             timed_out=False,
             truncated_chars=protocol.int_field(message, "truncated_chars"),
-            final_answer=protocol.text_field(message, "final_answer", self._pool_max_bytes),
+            final_answer=protocol.text_field(message, "final_answer", self._max_message_bytes),
             duration_s=time.monotonic() - started,
             sandbox_restarted=False,
         )
