@@ -274,3 +274,27 @@ async def test_trainer_credit_assignment_finds_each_childs_root(tokenizer, step_
     child_own = {credit.episode_key(rows[i]): own[i] for i in depth1}
     grounded = {credit.episode_key(rows[i]) for i in depth1 if rows[i].reward == 1.0}
     assert len(grounded) == 4 and all((child_own[k] > 0) == (k in grounded) for k in child_own)
+
+
+@pytest.mark.parametrize("limit", [2, 4])
+async def test_batched_children_run_concurrently_up_to_the_per_depth_limit(tokenizer, limit):
+    in_flight = {"now": 0, "max": 0}
+    gen = make_generator(tokenizer, coordinator("out = rlm_query_batched(['CHILD a', 'CHILD b', 'CHILD c', 'CHILD d'])"),
+                         env={"subcalls": {"max_concurrent_children": limit}})
+    policy = gen.engine.inner
+    policy.latency = 0.3
+    play = policy.generate
+
+    async def counting(prompt_ids, params):
+        child = "CHILD" in tokenizer.decode(prompt_ids).split("<|im_start|>user\n")[1]
+        in_flight["now"] += child
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        try:
+            return await play(prompt_ids, params)
+        finally:
+            in_flight["now"] -= child
+
+    policy.generate = counting
+    batch = await gen.generate([CONTEXT_TASK])
+    assert len(batch.children_of(batch.trajectories[0].id)) == 4
+    assert in_flight["max"] == limit
