@@ -298,3 +298,15 @@ async def test_batched_children_run_concurrently_up_to_the_per_depth_limit(token
     batch = await gen.generate([CONTEXT_TASK])
     assert len(batch.children_of(batch.trajectories[0].id)) == 4
     assert in_flight["max"] == limit
+
+
+async def test_each_child_has_its_own_repl_and_the_context_it_was_given(tokenizer):
+    def choose(first_user, last_user, turn):
+        if first_user.startswith("CHILD"):
+            return repl("FINAL(repr(('secret' in globals(), context)))")
+        code = "secret = 1\nout = [rlm_query('CHILD given', context={'k': [1, 2]}), rlm_query('CHILD default')]"
+        return repl(code) if turn == 0 else repl("FINAL_VAR('out')")
+
+    batch = await make_generator(tokenizer, choose).generate([CONTEXT_TASK])
+    answer = batch.trajectories[0].turns[-1].info["final_answer"]
+    assert answer == repr(["(False, {'k': [1, 2]})", f"(False, {CONTEXT_TASK['context']!r})"])
