@@ -173,3 +173,15 @@ def test_bwrap_sandbox_runs_queries_and_refuses_writes(engine):
     assert "60" in query(env, "SELECT COUNT(*) FROM employees")
     assert "Refused: DELETE" in query(env, "DELETE FROM employees")
     assert folder_digest(env.database().parent) == before
+
+
+def test_sandbox_processes_do_not_inherit_the_trainers_secrets(monkeypatch):
+    monkeypatch.setenv("SKYRL_TEST_SECRET", "hunter2")
+    runner = QueryRunner(SandboxSettings(workers=1))
+    try:
+        runner.run(QueryRequest("sqlite", str(started_env().database()), "SELECT 1", 5.0, 10, 1000))
+        (worker,) = runner._all
+        environ = open(f"/proc/{worker.process.pid}/environ", "rb").read().decode(errors="replace")
+        assert "SKYRL_TEST_SECRET" not in environ and "hunter2" not in environ
+    finally:
+        runner.close()

@@ -9,6 +9,7 @@ and 0 if not. Queries run in a sandbox process (:mod:`skyrl_sql.sandbox`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +24,7 @@ from skyrl_sql.prompts import system_prompt, user_prompt
 from skyrl_sql.render import INVALID_ACTION, observation, result_body
 from skyrl_sql.result import QueryRequest, QueryResult
 from skyrl_sql.reward import normalize_sql, orders_result, results_match
-from skyrl_sql.sandbox import SandboxSettings, get_runner
+from skyrl_sql.sandbox import QueryRunner, SandboxSettings, get_runner
 from skyrl_sql.tags import check_format, first_query, has_solution
 
 SCHEMA_QUERIES = {
@@ -146,7 +147,7 @@ class SQLEnv(TextEnv):
         c = self.config
         return QueryRequest(c.engine, str(self.database()), sql, timeout_s, max_rows, c.max_result_bytes)
 
-    def _sandbox(self):
+    def _sandbox(self) -> QueryRunner:
         c = self.config
         return get_runner(SandboxSettings(c.sandbox, c.memory_limit_mb, c.sandbox_workers))
 
@@ -168,7 +169,7 @@ class SQLEnv(TextEnv):
 
 
 @lru_cache(maxsize=256)
-def database_schema(runner: Any, engine: str, db_path: str) -> str:
+def database_schema(runner: QueryRunner, engine: str, db_path: str) -> str:
     """The database's CREATE statements, read through the sandbox like any other query."""
     result = runner.run(QueryRequest(engine, db_path, SCHEMA_QUERIES[engine], 30.0, 10_000, 16_000_000))
     if not result.ok:
@@ -178,16 +179,19 @@ def database_schema(runner: Any, engine: str, db_path: str) -> str:
 
 _GOLD_RESULTS: dict[tuple[int, QueryRequest], QueryResult] = {}
 _GOLD_CACHE_SIZE = 4096
+_GOLD_LOCK = threading.Lock()
 
 
-def cached_gold_result(runner: Any, request: QueryRequest) -> QueryResult:
+def cached_gold_result(runner: QueryRunner, request: QueryRequest) -> QueryResult:
     """Gold results are asked for by every sample of a group; run each gold query once (if it works)."""
     key = (id(runner), request)
-    result = _GOLD_RESULTS.get(key)
+    with _GOLD_LOCK:
+        result = _GOLD_RESULTS.get(key)
     if result is None:
         result = runner.run(request)
         if result.ok and not result.cut:
-            if len(_GOLD_RESULTS) >= _GOLD_CACHE_SIZE:
-                _GOLD_RESULTS.pop(next(iter(_GOLD_RESULTS)))
-            _GOLD_RESULTS[key] = result
+            with _GOLD_LOCK:
+                if len(_GOLD_RESULTS) >= _GOLD_CACHE_SIZE:
+                    _GOLD_RESULTS.pop(next(iter(_GOLD_RESULTS)))
+                _GOLD_RESULTS[key] = result
     return result

@@ -52,7 +52,9 @@ class Worker:
     """One sandbox process and its pipes."""
 
     def __init__(self, settings: SandboxSettings) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # No secrets from the trainer's environment: only what Python needs to start.
+        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8",
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(settings.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=env, close_fds=True)
         self._buffer = b""
