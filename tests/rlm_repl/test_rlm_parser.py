@@ -10,7 +10,7 @@ def test_every_repl_block_runs_in_order_and_other_fences_are_reported():
     parsed = parse_response("plan\n```repl\nx = 1\n```\ntext\n```python\nignored()\n```\n```repl\nprint(x)\n```\n")
     assert parsed.blocks == ("x = 1", "print(x)")
     assert parsed.problems == ("A ```python block was not run: only ```repl blocks run.",)
-    assert not parsed.has_text_answer
+    assert parsed.final is None and parsed.final_var is None
 
 
 def test_indented_block_is_dedented():

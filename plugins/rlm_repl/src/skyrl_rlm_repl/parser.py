@@ -33,10 +33,6 @@ class ParsedResponse:
     final_var: str | None = None
     problems: tuple[str, ...] = ()
 
-    @property
-    def has_text_answer(self) -> bool:
-        return self.final is not None or self.final_var is not None
-
 
 def parse_response(text: str) -> ParsedResponse:
     """Split ``text`` into runnable ```repl blocks, a text FINAL answer, and problems to report."""
