@@ -523,3 +523,15 @@ async def test_opening_thousands_of_files_hits_the_descriptor_limit(sandbox):
     await sandbox.execute("handles = None\nimport gc; gc.collect()")
     assert "Too many open files" in result.error
     assert await still_healthy(sandbox)
+
+
+async def test_sqlite_cannot_touch_host_files_or_load_extensions(sandbox, tmp_path):
+    victim = tmp_path / "host.db"
+    result = await sandbox.execute(f"import sqlite3\nsqlite3.connect({str(victim)!r}).execute('create table t(x)')")
+    extension = await sandbox.execute("import sqlite3\nsqlite3.connect(':memory:').enable_load_extension(True)")
+    in_memory = await sandbox.execute("import sqlite3\nprint(sqlite3.connect(':memory:').execute('select 6*7').fetchone())")
+    assert CONTAINED.search(result.error) or "unable to open database" in result.error
+    assert not victim.exists()
+    # refused by the policy, or not compiled into this Python at all
+    assert re.search(r"loading native extensions is disabled|no attribute 'enable_load_extension'", extension.error)
+    assert in_memory.stdout == "(42,)\n"

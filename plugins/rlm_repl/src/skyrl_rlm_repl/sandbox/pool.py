@@ -8,6 +8,7 @@ exits, so starting them from short-lived executor threads would kill them early.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +38,12 @@ class SandboxPool:
 
     @classmethod
     def shared(cls, config: SandboxConfig) -> SandboxPool:
-        """The process-wide pool for workers started the way ``config`` asks."""
-        key = (resolve_backend(config.backend), config.tmp_size_mb, config.max_message_mb, config.pool_size)
+        """The process-wide pool for workers started the way ``config`` asks.
+
+        Keyed by pid too: a forked child must not hand out its parent's workers.
+        """
+        key = (os.getpid(), resolve_backend(config.backend), config.tmp_size_mb, config.max_message_mb,
+               config.pool_size)
         with _SHARED_LOCK:
             if key not in _SHARED:
                 _SHARED[key] = cls(config)

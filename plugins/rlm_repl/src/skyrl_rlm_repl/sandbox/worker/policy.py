@@ -58,8 +58,10 @@ class SandboxPolicy:
         elif event in _TWO_PATH_WRITE_EVENTS:
             self._check_path(args[0], writing=event != "os.symlink")
             self._check_path(args[1], writing=True)
-        elif event.startswith("socket.") or event == "sqlite3.enable_load_extension":
+        elif event.startswith("socket."):
             raise PermissionError(f"network access is disabled in the sandbox ({event})")
+        elif event == "sqlite3.enable_load_extension":
+            raise PermissionError("loading native extensions is disabled in the sandbox")
         elif event == "sqlite3.connect":
             self._check_path(args[0], writing=True)
         elif event in _PROCESS_EVENTS and not self.allow_subprocesses:
