@@ -246,3 +246,17 @@ async def test_smollm2_answers_a_simple_question():
                                                   add_generation_prompt=True, tokenize=True, return_dict=False)
     out = await engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0))
     assert "4" in out.text and out.stop_reason == "stop" and out.token_ids[-1] == engine.tokenizer.eos_token_id
+
+
+async def test_samples_of_one_prompt_share_a_single_prefill(engine):
+    prompts = chat_prompts(engine.tokenizer, 2)
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=s) for s in range(4)]
+    alone = [await engine.generate(p, s) for p in prompts for s in params]
+    prefill_rows = []
+    engine.model.register_forward_pre_hook(lambda _, args, kwargs: prefill_rows.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    grouped = await asyncio.gather(*(engine.generate(p, s) for p in prompts for s in params))
+    assert prefill_rows[0][0] == 2  # two distinct prompts prefilled, eight rows decoded
+    assert prefill_rows[1][0] == 8 and prefill_rows[1][1] == 1
+    assert [o.token_ids for o in grouped] == [o.token_ids for o in alone]
+    assert len({tuple(o.token_ids) for o in grouped[:4]}) > 1  # different seeds, different samples

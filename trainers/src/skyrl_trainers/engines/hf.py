@@ -1,8 +1,9 @@
 """The ``hf`` engine: Hugging Face transformers generation on CPU or GPU, batching concurrent requests.
 
 Concurrent ``generate`` calls are gathered by a :class:`RequestBatcher` and decoded together on one
-worker thread: prompts are left-padded, a prefill forward fills the KV cache, then one forward per
-step decodes every unfinished row (finished rows are dropped from the batch and the cache). Each row
+worker thread: prompts are left-padded, a prefill forward fills the KV cache (once per distinct
+prompt, so the samples of a GRPO group share it), then one forward per step decodes every
+unfinished row (finished rows are dropped from the batch and the cache). Each row
 keeps its own sampling settings and random generator, so a request with a ``seed`` gives the same
 tokens whatever it is batched with. Logprobs are described in :mod:`skyrl_trainers.engines.sampling`.
 
@@ -135,11 +136,18 @@ class HFEngine:
         for request in requests:
             request.weight_version = self.weight_version
         active = list(requests)
-        input_ids, attention_mask = _left_pad([r.prompt_ids for r in active], self.pad_id, self.device)
+        # Requests with the same prompt (a GRPO group) share one prefill; its cache rows are then copied.
+        unique: dict[tuple[int, ...], int] = {}
+        row_of = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in active]
+        input_ids, attention_mask = _left_pad([list(p) for p in unique], self.pad_id, self.device)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                          use_cache=True, logits_to_keep=1)
         cache, logits, next_position = _cache_of(out), out.logits[:, -1, :], positions[:, -1] + 1
+        if len(unique) < len(active):
+            index = torch.tensor(row_of, device=self.device)
+            cache.batch_select_indices(index)
+            logits, attention_mask, next_position = logits[index], attention_mask[index], next_position[index]
         while True:
             tokens, logprobs = sample_next(logits, [r.row for r in active], self.config.logprobs_mode)
             keep = [i for i, (r, t, lp) in enumerate(zip(active, tokens.tolist(), logprobs.tolist(), strict=True))
