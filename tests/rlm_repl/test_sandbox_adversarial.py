@@ -535,3 +535,13 @@ async def test_sqlite_cannot_touch_host_files_or_load_extensions(sandbox, tmp_pa
     # refused by the policy, or not compiled into this Python at all
     assert re.search(r"loading native extensions is disabled|no attribute 'enable_load_extension'", extension.error)
     assert in_memory.stdout == "(42,)\n"
+
+
+async def test_one_sandbox_cannot_read_another_sandboxs_context(backend):
+    async with await Sandbox.create(hostile_config(backend), context="victim's private context") as victim:
+        inbox = victim._worker.host_dir / "inbox"  # the worst case: the attacker knows the host path
+        async with await Sandbox.create(hostile_config(backend)) as attacker:
+            result = await attacker.execute(f"import os\nfor name in os.listdir({str(inbox)!r}):\n"
+                                            f"    print(open(os.path.join({str(inbox)!r}, name)).read())")
+    assert "victim" not in result.stdout
+    assert CONTAINED.search(result.error)
