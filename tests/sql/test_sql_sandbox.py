@@ -7,11 +7,16 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from skyrl_sql.result import QueryRequest
-from skyrl_sql.sandbox import QueryRunner, SandboxSettings
+from skyrl_sql.sandbox import QueryRunner, SandboxSettings, bwrap_path
 from sql_helpers import ENGINES, HAS_DUCKDB, folder_digest, query, started_env
+
+bwrap_works = pytest.mark.skipif(
+    bwrap_path() is None, reason="bubblewrap unusable here")
+
 
 FOREVER = {
     "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n",
@@ -56,9 +61,13 @@ CASES = ([("sqlite", s, e) for s, e in SHARED + SQLITE_ONLY]
             for s, e in SHARED + DUCKDB_ONLY])
 
 
+SANDBOXES = ["process", pytest.param("bwrap", marks=bwrap_works)]
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
 @pytest.mark.parametrize(("engine", "sql", "expected"), CASES)
-def test_writes_and_escapes_are_refused_and_leave_the_database_identical(engine, sql, expected):
-    env = started_env(engine)
+def test_writes_and_escapes_are_refused_and_leave_the_database_identical(engine, sql, expected, sandbox):
+    env = started_env(engine, sandbox=sandbox)
     folder = env.database().parent
     before = folder_digest(folder)
     text = query(env, sql)
@@ -112,7 +121,7 @@ def _sleep_request(db_path: str, timeout_s: float) -> QueryRequest:
 def test_a_frozen_sandbox_process_is_killed_and_replaced():
     env = started_env("sqlite")
     db = str(env.database())
-    runner = QueryRunner(SandboxSettings(workers=1))
+    runner = QueryRunner(SandboxSettings("process", workers=1))  # so the pid is the Python worker itself
     try:
         assert runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000)).rows == [(1,)]
         (worker,) = runner._all
@@ -127,10 +136,11 @@ def test_a_frozen_sandbox_process_is_killed_and_replaced():
         runner.close()
 
 
-def test_a_sandbox_process_that_dies_mid_query_gives_crashed_and_is_replaced():
+@pytest.mark.parametrize("kind", ["process", pytest.param("bwrap", marks=bwrap_works)])
+def test_a_sandbox_process_that_dies_mid_query_gives_crashed_and_is_replaced(kind):
     env = started_env("sqlite")
     db = str(env.database())
-    runner = QueryRunner(SandboxSettings(workers=1))
+    runner = QueryRunner(SandboxSettings(kind, workers=1))
     try:
         runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000))
         (worker,) = runner._all
@@ -161,18 +171,24 @@ def test_duckdb_memory_limit_gives_an_out_of_memory_error():
     assert "60" in query(env, "SELECT COUNT(*) FROM employees")
 
 
-bwrap_works = pytest.mark.skipif(
-    os.system("bwrap --ro-bind / / --unshare-all true >/dev/null 2>&1") != 0, reason="bubblewrap unusable here")
-
-
 @bwrap_works
-@pytest.mark.parametrize("engine", ENGINES)
-def test_bwrap_sandbox_runs_queries_and_refuses_writes(engine):
-    env = started_env(engine, sandbox="bwrap")
-    before = folder_digest(env.database().parent)
-    assert "60" in query(env, "SELECT COUNT(*) FROM employees")
-    assert "Refused: DELETE" in query(env, "DELETE FROM employees")
-    assert folder_digest(env.database().parent) == before
+def test_bwrap_workers_have_no_network_and_their_own_mounts():
+    runner = QueryRunner(SandboxSettings("bwrap", workers=1))
+    try:
+        assert runner.run(QueryRequest("sqlite", str(started_env().database()), "SELECT 1", 5.0, 10, 1000)).ok
+        (worker,) = runner._all
+        python = _descendants(worker.process.pid)[-1]
+        assert "skyrl_sql.worker" in Path(f"/proc/{python}/cmdline").read_text()
+        for namespace in ("net", "mnt", "pid"):
+            assert os.readlink(f"/proc/{python}/ns/{namespace}") != os.readlink(f"/proc/self/ns/{namespace}")
+    finally:
+        runner.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    return [pid] + [d for child in children for d in _descendants(child)]
 
 
 def test_sandbox_processes_do_not_inherit_the_trainers_secrets(monkeypatch):

@@ -27,9 +27,9 @@ class SQLEnvConfig(EnvConfig):
     reward_max_rows: int = Field(100_000, ge=1, description="Rows compared at most when scoring.")
     max_result_bytes: int = Field(16_000_000, ge=1_000, description="Result size cap of any query (bytes).")
     memory_limit_mb: int = Field(2048, ge=64, description="Address-space limit of each query process.")
-    sandbox: Literal["process", "bwrap"] = Field(
-        "process", description="process: a resource-limited child process; bwrap: also a bubblewrap "
-                               "namespace with a read-only filesystem and no network.")
+    sandbox: Literal["auto", "process", "bwrap"] = Field(
+        "auto", description="process: a resource-limited child process; bwrap: also a bubblewrap namespace "
+                            "(read-only filesystem, no network); auto: bwrap where it works, else process.")
     sandbox_workers: int = Field(4, ge=1, description="Query processes shared by all envs of this process.")
     format_penalty: float = Field(-1.0, le=0.0, description="Reward of a malformed episode.")
     require_think: bool = Field(True, description="SkyRL-SQL's format rule: <think> first and after every observation.")

@@ -8,7 +8,9 @@ caller gets a ``timeout``/``crashed`` result, never a hung or dead trainer.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
+import logging
 import os
 import queue
 import select
@@ -22,6 +24,8 @@ from typing import Literal
 
 from skyrl_sql.result import QueryRequest, QueryResult
 
+log = logging.getLogger(__name__)
+
 GRACE_S = 2.0  # the worker stops its own queries; this is the backstop when it cannot
 START_TIMEOUT_S = 30.0
 
@@ -32,20 +36,34 @@ class SandboxError(RuntimeError):
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    kind: Literal["process", "bwrap"] = "process"
+    kind: Literal["auto", "process", "bwrap"] = "auto"
     memory_mb: int = 2048
     workers: int = 4
 
     def command(self) -> list[str]:
         python = [sys.executable, "-m", "skyrl_sql.worker", "--memory-mb", str(self.memory_mb)]
-        if self.kind == "process":
+        if self.kind == "process" or (self.kind == "auto" and bwrap_path() is None):
             return python
-        bwrap = shutil.which("bwrap")
+        bwrap = bwrap_path()
         if bwrap is None:
-            raise SandboxError("sandbox='bwrap' needs bubblewrap (apt-get install bubblewrap); "
-                               "or set env.sandbox=process")
+            raise SandboxError("env.sandbox=bwrap needs a working bubblewrap (apt-get install bubblewrap; "
+                               "in containers it also needs user namespaces); or set env.sandbox=process")
         return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                 "--unshare-all", "--die-with-parent", "--new-session", *python]
+
+
+@functools.cache
+def bwrap_path() -> str | None:
+    """bubblewrap's path if it is installed and can create a sandbox here, else ``None``."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None
+    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True)
+    if probe.returncode != 0:
+        log.warning("bubblewrap cannot create a sandbox here (%s); SQL queries run in plain limited processes",
+                    probe.stderr.decode(errors="replace").strip())
+        return None
+    return bwrap
 
 
 class Worker:
