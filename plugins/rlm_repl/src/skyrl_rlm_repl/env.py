@@ -45,6 +45,11 @@ def task_context(task: Mapping[str, Any]) -> Any:
     return task["papers"] if "papers" in task else task.get("context", "")
 
 
+def task_has_papers(task: Mapping[str, Any]) -> bool:
+    """An evidence task, or a child episode of one: the prompt documents the paper tools."""
+    return "papers" in task or bool(task.get("rlm", {}).get("papers"))
+
+
 class RLMReplEnv(TextEnv):
     """Recursive LM environment. Task rows: an evidence task, or ``prompt``/``question`` + ``context``."""
 
@@ -75,11 +80,6 @@ class RLMReplEnv(TextEnv):
     def context(self) -> Any:
         return task_context(self.task)
 
-    @property
-    def has_papers(self) -> bool:
-        """Evidence task (or a child of one): the prompt documents the paper tools."""
-        return "papers" in self.task or bool(self.task.get("rlm", {}).get("papers"))
-
     def question(self) -> str:
         for key in ("question", "prompt"):
             value = self.task.get(key)
@@ -91,7 +91,7 @@ class RLMReplEnv(TextEnv):
         limits = self.config.subcalls
         system = system_prompt(max_turns=self.max_turns, context=self.context, depth=self.depth,
                                max_depth=limits.max_depth, max_sub_calls=limits.max_sub_calls,
-                               evidence_tools=self.has_papers)
+                               evidence_tools=task_has_papers(self.task))
         return [{"role": "system", "content": system}, {"role": "user", "content": self.question()}]
 
     def gold_actions(self) -> list[str] | None:

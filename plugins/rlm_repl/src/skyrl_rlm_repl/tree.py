@@ -30,7 +30,7 @@ from skyrl_core.plugins import get_plugin_manager, get_registry
 
 from skyrl_rlm_repl.budget import RolloutBudget, TokenBudgetExhausted
 from skyrl_rlm_repl.config import SubcallLimits
-from skyrl_rlm_repl.env import task_context
+from skyrl_rlm_repl.env import task_context, task_has_papers
 from skyrl_rlm_repl.evidence.judge import EvidenceJudge
 from skyrl_rlm_repl.evidence.reward import SourceIndex, parse_snippets
 from skyrl_rlm_repl.subcalls import SubcallError, SubcallHandler, SubcallRequest, parse_request
@@ -257,7 +257,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
         depth = parent.depth + 1
         task = {"prompt": prompt, "context": context,
                 "rlm": {"depth": depth, "parent_id": parent.trajectory.id, "root_id": parent.root_id,
-                        "child_index": len(parent.children), "papers": _has_papers(parent)}}
+                        "child_index": len(parent.children), "papers": task_has_papers(parent.trajectory.task)}}
         trajectory = Trajectory(parent_id=parent.trajectory.id, depth=depth, group_id=parent.trajectory.group_id,
                                 sample_index=parent.trajectory.sample_index, env_id=self.env_id, task=task)
         child = TreeNode(trajectory, parent.budget, parent.root_id, frozen=parent.frozen or runner is not self)
@@ -287,11 +287,6 @@ def child_answer(trajectory: Trajectory) -> Any:
         if isinstance(value, list):
             return value
     return answer
-
-
-def _has_papers(node: TreeNode) -> bool:
-    task = node.trajectory.task
-    return "papers" in task or bool(task.get("rlm", {}).get("papers"))
 
 
 def _tree_totals(root: TreeNode) -> dict[str, float]:
