@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxError
-from skyrl_rlm_repl.sandbox.launch import bwrap_problem
+from skyrl_rlm_repl.sandbox.launch import bwrap_problem, sweep_stale_dirs
 
 BACKENDS = [
     pytest.param("bwrap", marks=pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")),
@@ -359,22 +359,25 @@ PARENT_SCRIPT = textwrap.dedent("""
     async def main():
         sandbox = await Sandbox.create(SandboxConfig(backend=sys.argv[1], pool_size=0))
         await sandbox.execute("x = 1")
-        print(sandbox.pid, flush=True)
+        print(sandbox.pid, sandbox._worker.host_dir, flush=True)
         await sandbox.execute("import time\\nwhile True:\\n    time.sleep(0.05)")
 
     asyncio.run(main())
 """)
 
 
-async def test_worker_dies_when_the_parent_process_is_killed(backend):
+async def test_worker_dies_when_the_parent_process_is_killed_and_its_files_are_swept(backend):
     parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, backend], stdout=subprocess.PIPE, text=True)
     try:
-        worker_pid = int(await asyncio.wait_for(asyncio.to_thread(parent.stdout.readline), 30))
+        line = await asyncio.wait_for(asyncio.to_thread(parent.stdout.readline), 30)
+        worker_pid, host_dir = int(line.split()[0]), Path(line.split()[1])
         await asyncio.sleep(0.3)  # the worker is now inside its sleep loop
-        assert session_processes(worker_pid)
+        assert session_processes(worker_pid) and host_dir.exists()
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         assert await wait_until_gone(worker_pid) == []
+        assert host_dir.parent in sweep_stale_dirs()  # what the next process using sandboxes does first
+        assert not host_dir.exists()
     finally:
         parent.kill()
         parent.wait()

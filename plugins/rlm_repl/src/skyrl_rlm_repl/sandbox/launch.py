@@ -8,6 +8,7 @@ file system holding only read-only system libraries, the Python standard library
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
@@ -91,9 +92,49 @@ def plan_bwrap(host_dir: Path, max_message_bytes: int, tmp_size_mb: int) -> Laun
                       inside_read_roots=(f"{_INSIDE_LIB}/worker", _INSIDE_INBOX))
 
 
+_PROCESS_DIR_PREFIX = "skyrl-sandboxes-"
+_process_dirs: dict[int, Path] = {}
+
+
+def process_dir() -> Path:
+    """This process's folder for worker folders, made on first use after sweeping dead owners' folders."""
+    pid = os.getpid()
+    if pid not in _process_dirs:
+        sweep_stale_dirs()
+        _process_dirs[pid] = Path(tempfile.mkdtemp(prefix=f"{_PROCESS_DIR_PREFIX}{pid}-"))
+        atexit.register(_remove_own_dir, pid, _process_dirs[pid])
+    return _process_dirs[pid]
+
+
+def _remove_own_dir(owner_pid: int, folder: Path) -> None:
+    if os.getpid() == owner_pid:  # not from a forked copy exiting
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_stale_dirs(root: str | None = None) -> list[Path]:
+    """Remove the folders of processes that died without cleaning up (e.g. SIGKILL); returns them."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{_PROCESS_DIR_PREFIX}*"):
+        owner = folder.name[len(_PROCESS_DIR_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def make_host_dir() -> Path:
     """A private folder per worker: ``inbox/`` (parent writes, worker reads) and ``tmp/``."""
-    host_dir = Path(tempfile.mkdtemp(prefix="skyrl-sandbox-"))
+    host_dir = Path(tempfile.mkdtemp(prefix="worker-", dir=process_dir()))
     (host_dir / "inbox").mkdir()
     (host_dir / "tmp").mkdir()
     return host_dir
