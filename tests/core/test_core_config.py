@@ -71,3 +71,42 @@ def test_missing_or_invalid_yaml_file(tmp_path):
     bad.write_text("env: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_yaml(bad)
+
+
+def test_env_spec_can_name_its_default_generator(skyrl_plugin_manager, register_skyrl_plugin):
+    from skyrl_core import EnvSpec, GeneratorSpec, hookimpl
+
+    class TreeEnvPlugin:
+        @hookimpl
+        def register_envs(self, register):
+            register(EnvSpec(id="tree_env", entry_point="skyrl_reverse_text.env:ReverseTextEnv",
+                             default_generator="tree_gen"))
+
+        @hookimpl
+        def register_generators(self, register):
+            register(GeneratorSpec(id="tree_gen", entry_point="skyrl_core.generator:MultiTurnGenerator",
+                                   config="skyrl_core.generator:GeneratorConfig"))
+
+    register_skyrl_plugin(TreeEnvPlugin())
+    registry = skyrl_plugin_manager.registry
+    engine = {"engine": {"id": "openai"}}
+    assert resolve({"env": {"id": "tree_env"}, **engine}, registry=registry, need_trainer=False).generator_id == "tree_gen"
+    explicit = {"env": {"id": "tree_env"}, "generator": {"id": "default"}, **engine}
+    assert resolve(explicit, registry=registry, need_trainer=False).generator_id == "default"
+
+
+def test_nested_config_errors_name_the_nested_keys():
+    from pydantic import BaseModel, ConfigDict
+
+    from skyrl_core.factory import validate_config
+
+    class Limits(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        max_depth: int = 1
+
+    class Outer(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        limits: Limits = Limits()
+
+    with pytest.raises(ConfigError, match=r"env.limits.max_dept: unknown key. Did you mean 'max_depth'\? Allowed keys: max_depth$"):
+        validate_config(Outer, {"limits": {"max_dept": 2}}, "env")

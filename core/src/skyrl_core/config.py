@@ -28,7 +28,7 @@ from skyrl_core.factory import ConfigError, component_config, validate_config
 from skyrl_core.registry import Kind, Registry, did_you_mean
 
 SECTIONS: dict[str, Kind] = {"env": "env", "trainer": "trainer", "generator": "generator", "engine": "engine"}
-DEFAULT_IDS = {"generator": "default", "engine": "hf"}
+DEFAULT_IDS = {"generator": "default", "engine": "hf"}  # the env's spec may name another generator
 
 
 class RunOptions(BaseModel):
@@ -143,9 +143,13 @@ def build_config(*layers: Mapping[str, Any], registry: Registry, need_trainer: b
         if not isinstance(value, Mapping):
             raise ConfigError(f"config section {key!r} must be a mapping, got {value!r}")
     resolved: dict[str, Any] = {}
+    defaults = dict(DEFAULT_IDS)
     for section, kind in SECTIONS.items():
         options = dict(raw.get(section, {}))
-        component_id = options.pop("id", DEFAULT_IDS.get(section))
+        component_id = options.pop("id", defaults.get(section))
+        if section == "env" and component_id is not None:
+            env_default = getattr(registry.get("env", str(component_id)), "default_generator", None)
+            defaults["generator"] = env_default or defaults["generator"]
         if component_id is None and section == "trainer" and not need_trainer:
             resolved["trainer_id"], resolved["trainer"] = None, None
             continue

@@ -25,20 +25,31 @@ def validate_config(model: type[BaseModel], values: Mapping[str, Any], section: 
 
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel], section: str) -> str:
-    allowed = sorted(model.model_fields)
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in (section, *err["loc"]) if p != "")
+        owner, field = _field_at(model, err["loc"])
         if err["type"] == "extra_forbidden":
+            allowed = sorted(owner.model_fields)
             name = str(err["loc"][-1])
             lines.append(f"{key}: unknown key.{did_you_mean(name, allowed)} Allowed keys: {', '.join(allowed)}")
         else:
-            allowed_values = ""
-            field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
-            if field is not None and field.description:
-                allowed_values = f" ({field.description})"
-            lines.append(f"{key}: {err['msg']}, got {err.get('input')!r}{allowed_values}")
+            meaning = f" ({field.description})" if field is not None and field.description else ""
+            lines.append(f"{key}: {err['msg']}, got {err.get('input')!r}{meaning}")
     return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _field_at(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[type[BaseModel], Any]:
+    """The model that owns the last key of ``loc`` (following nested config models) and its field."""
+    owner, field = model, None
+    for depth, part in enumerate(loc):
+        field = owner.model_fields.get(str(part))
+        if field is None:
+            break
+        nested = field.annotation
+        if depth < len(loc) - 1 and isinstance(nested, type) and issubclass(nested, BaseModel):
+            owner = nested
+    return owner, field
 
 
 def component_config(kind: Kind, id: str, values: Mapping[str, Any] | None = None,

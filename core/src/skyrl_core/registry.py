@@ -76,11 +76,13 @@ class EnvSpec(ComponentSpec):
     needs_network: bool = False
     needs_docker: bool = False
     needs_gpu: bool = False
+    # Generator used when a run config names none (e.g. a tree generator for recursive envs).
+    default_generator: str | None = None
 
     def metadata(self) -> dict[str, Any]:
         return {"max_turns": self.max_turns, "reward_range": list(self.reward_range),
                 "needs_network": self.needs_network, "needs_docker": self.needs_docker,
-                "needs_gpu": self.needs_gpu}
+                "needs_gpu": self.needs_gpu, "default_generator": self.default_generator}
 
 
 @dataclass(frozen=True)

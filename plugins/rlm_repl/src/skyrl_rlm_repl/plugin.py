@@ -16,6 +16,7 @@ def register_envs(register: Register) -> None:
                     "from several papers (reward: snippet F1).",
         max_turns=10,
         reward_range=(0.0, 1.0),
+        default_generator="rlm_tree",
     ))
 
 
