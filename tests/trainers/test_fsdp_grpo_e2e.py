@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from skyrl_core import hookimpl
+from skyrl_core.factory import ConfigError
 from skyrl_core.trajectory import TrajectoryBatch
 from skyrl_trainers.data import TaskStream
 from skyrl_trainers.models import build_tiny_random
@@ -109,11 +110,13 @@ def test_failed_episodes_and_step_wise_samples_do_not_stop_training(run_config, 
     assert record["train/excluded_samples"] == 2.0 and record["train/samples"] == 2.0
 
 
-def test_a_fresh_run_refuses_a_folder_that_holds_another_run(run_config, test_envs):
+def test_run_folder_mistakes_are_config_errors(run_config, test_envs, tmp_path):
     cfg = run_config(env="letter_e", trainer={"steps": 1, "export": False})
     FSDPGRPOTrainer(cfg).fit()
-    with pytest.raises(FileExistsError, match="run.resume="):
+    with pytest.raises(ConfigError, match="already holds a run; continue it with run.resume="):
         FSDPGRPOTrainer(cfg).fit()
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        FSDPGRPOTrainer(run_config(env="letter_e", run={"resume": str(tmp_path / "elsewhere")})).fit()
 
 
 @pytest.mark.slow

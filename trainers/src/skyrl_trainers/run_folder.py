@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 import yaml
+from skyrl_core.factory import ConfigError
 
 
-class CheckpointError(RuntimeError):
-    """A run folder has no usable checkpoint to resume from."""
+class RunFolderError(ConfigError):
+    """``run.output_dir`` or ``run.resume`` points at the wrong folder (no checkpoint, or another run)."""
 
 
 class RunFolder:
@@ -36,7 +37,7 @@ class RunFolder:
     def create(self, config: dict[str, Any], resuming: bool = False) -> None:
         """Make the folder and write the config; a fresh run refuses a folder that holds another run."""
         if not resuming and (self.metrics.exists() or self.checkpoints.exists()):
-            raise FileExistsError(f"run folder {str(self.path)!r} already holds a run; continue it with "
+            raise RunFolderError(f"run folder {str(self.path)!r} already holds a run; continue it with "
                                   f"run.resume={self.path} or choose another run.output_dir")
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
@@ -61,11 +62,11 @@ class RunFolder:
     def latest_checkpoint(self) -> Path:
         marker = self.checkpoints / "latest"
         if not marker.is_file():
-            raise CheckpointError(f"run.resume={str(self.path)!r}: no complete checkpoint in {self.checkpoints} "
+            raise RunFolderError(f"run.resume={str(self.path)!r}: no complete checkpoint in {self.checkpoints} "
                                   "(the run saved none yet, or this is not a run folder)")
         folder = self.checkpoints / marker.read_text(encoding="utf-8").strip()
         if not (folder / "trainer_state.pt").is_file():
-            raise CheckpointError(f"checkpoint {folder} named by {marker} is incomplete")
+            raise RunFolderError(f"checkpoint {folder} named by {marker} is incomplete")
         return folder
 
     def forget_after(self, step: int) -> None:

@@ -59,11 +59,12 @@ class FSDPGRPOTrainer:
         start = resumed["step"] if resumed else 0
         self.run_folder.create(self.config.to_dict(), resuming=resumed is not None)
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
-        workers = make_worker_group(WorkerSpec(cfg, temperature=temperature, seed=run.seed))
+        # The engine first: loading the policy once in the driver fills the model cache for the ranks.
+        engine, tokenizer = build_engine(self.config, seed=run.seed + start)
         loop = asyncio.new_event_loop()
-        logger = engine = None
+        logger = workers = None
         try:
-            engine, tokenizer = build_engine(self.config, seed=run.seed + start)
+            workers = make_worker_group(WorkerSpec(cfg, temperature=temperature, seed=run.seed))
             generator = get_registry().get("generator", self.config.generator_id).load()(
                 self.config.generator, engine=engine, tokenizer=tokenizer, env_id=self.config.env_id,
                 env_config=self.config.env)
@@ -84,13 +85,14 @@ class FSDPGRPOTrainer:
         finally:
             if logger is not None:
                 logger.close()
-            workers.close()
+            if workers is not None:
+                workers.close()
             _close_engine(engine, loop)
 
 
 def _close_engine(engine: Any, loop: asyncio.AbstractEventLoop) -> None:
     """Close the engine while its event loop still runs, so its background tasks end cleanly."""
-    if engine is not None and hasattr(engine, "close"):
+    if hasattr(engine, "close"):
         engine.close()
         loop.run_until_complete(asyncio.sleep(0))
     loop.close()
