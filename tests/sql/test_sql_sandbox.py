@@ -201,3 +201,21 @@ def test_sandbox_processes_do_not_inherit_the_trainers_secrets(monkeypatch):
         assert "SKYRL_TEST_SECRET" not in environ and "hunter2" not in environ
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_workers_outlive_the_thread_that_started_them(sandbox):
+    # Env steps run on short-lived threads; bubblewrap ties a sandbox's life to its starting thread.
+    runner = QueryRunner(SandboxSettings(sandbox, workers=1))
+    request = QueryRequest("sqlite", str(started_env().database()), "SELECT 1", 5.0, 10, 1000)
+    try:
+        starter = threading.Thread(target=runner.run, args=(request,))
+        starter.start()
+        starter.join()
+        time.sleep(0.3)
+        (worker,) = runner._all
+        assert worker.alive
+        assert runner.run(request).rows == [(1,)]
+        assert runner._all == [worker]
+    finally:
+        runner.close()

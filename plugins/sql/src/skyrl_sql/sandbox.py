@@ -19,12 +19,17 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 from skyrl_sql.result import QueryRequest, QueryResult
 
 log = logging.getLogger(__name__)
+
+# Workers are started from this one long-lived thread: bubblewrap's --die-with-parent kills the
+# sandbox when the *thread* that started it exits, and env steps run on short-lived worker threads.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-sql-spawner")
 
 GRACE_S = 2.0  # the worker stops its own queries; this is the backstop when it cannot
 START_TIMEOUT_S = 30.0
@@ -73,8 +78,8 @@ class Worker:
         # No secrets from the trainer's environment: only what Python needs to start.
         env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8",
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = subprocess.Popen(settings.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        env=env, close_fds=True)
+        self.process = _SPAWNER.submit(subprocess.Popen, settings.command(), stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, env=env, close_fds=True).result()
         self._buffer = b""
         try:
             ready = self._read_line(time.monotonic() + START_TIMEOUT_S)
