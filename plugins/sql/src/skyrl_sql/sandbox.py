@@ -147,7 +147,8 @@ class QueryRunner:
 
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
-        self._slots: queue.Queue[Worker | None] = queue.Queue()
+        # LIFO: a warm worker is reused before an empty slot starts another process.
+        self._slots: queue.LifoQueue[Worker | None] = queue.LifoQueue()
         for _ in range(settings.workers):
             self._slots.put(None)
         self._all: list[Worker] = []
