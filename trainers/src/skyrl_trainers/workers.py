@@ -142,6 +142,8 @@ class ProcessWorkerGroup:
     def close(self) -> None:
         try:
             self.call("close")
+            for proc in self.procs:
+                proc.join(timeout=30)  # let ranks exit on their own before anything is killed
         finally:
             self.terminate()
 
