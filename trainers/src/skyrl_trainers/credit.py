@@ -13,7 +13,7 @@ Every step of an episode receives the episode's advantage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -45,8 +45,8 @@ def assign_advantages(trajectories: Sequence[Trajectory], *, estimator: str = "g
                       child_advantage: str = "inherit") -> list[float | None]:
     """One advantage per trajectory, in order; ``None`` means "do not train on this one"."""
     episodes = _episodes(trajectories)
-    roots = [e for e in episodes.values() if e.parent_key is None or e.parent_key not in episodes]
-    children = [e for e in episodes.values() if e not in roots]
+    roots = [e for e in episodes.values() if e.parent_key not in episodes]  # None is never a key
+    children = [e for e in episodes.values() if e.parent_key in episodes]
     advantage: dict[str, float | None] = {}
     _estimate(roots, lambda e: e.group_id, estimator, norm_by_std, trajectories, advantage)
     if child_advantage == "own":
@@ -88,7 +88,7 @@ def _root_of(episode: _Episode, episodes: dict[str, _Episode]) -> _Episode:
     return episode
 
 
-def _estimate(episodes: list[_Episode], group_of, estimator: str, norm_by_std: bool,
+def _estimate(episodes: list[_Episode], group_of: Callable[[_Episode], str], estimator: str, norm_by_std: bool,
               trajectories: Sequence[Trajectory], advantage: dict[str, float | None]) -> None:
     trainable = [e for e in episodes if e.trainable]
     for e in episodes:
