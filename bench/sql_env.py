@@ -5,6 +5,7 @@ Rows per engine:
   bare connection     conn.execute(q).fetchall() on one open read-only connection
   guarded, in-process the sandbox's executor (authorizer / statement filter, deadline, caps), no process hop
   env.step, 1 thread  the full path: tag parsing, a sandbox process round trip, rendering the observation
+                      (default sandbox: bubblewrap where usable; the sandbox=process row skips bwrap)
   env.step, 4 threads four envs stepping concurrently (sandbox pool of 4 processes)
   gold scoring        a <solution> turn: format check, submitted query, cached gold result, comparison
 
@@ -78,10 +79,10 @@ def guarded(engine: str, db: Path) -> Callable[[int], None]:
     return lambda i: execute(conn, QueryRequest(engine, str(copy), QUERIES[i % len(QUERIES)], 5.0, 1000, 16_000_000))
 
 
-def env_steps(engine: str, cache: str, threads: int) -> Callable[[int], None]:
+def env_steps(engine: str, cache: str, threads: int, sandbox: str = "auto") -> Callable[[int], None]:
     envs = []
     for _ in range(threads):
-        env = SQLEnv(TASK, {"engine": engine, "cache_dir": cache, "max_turns": 10**9})
+        env = SQLEnv(TASK, {"engine": engine, "cache_dir": cache, "max_turns": 10**9, "sandbox": sandbox})
         env.reset(seed=0)
         envs.append(env)
 
@@ -115,6 +116,7 @@ def main() -> None:
             rows = [("bare connection", bare(engine, db), 1),
                     ("guarded, in-process", guarded(engine, db), 1),
                     ("env.step, 1 thread", env_steps(engine, cache, 1), 1),
+                    ("env.step, 1 thread, sandbox=process", env_steps(engine, cache, 1, "process"), 1),
                     ("env.step, 4 threads", env_steps(engine, cache, 4), 4),
                     ("gold scoring (reset + solution)", scoring(engine, cache), 1)]
             baseline = None
