@@ -57,3 +57,12 @@ def test_metrics_report_kl_entropy_and_rollout_gap(spec):
     assert metrics["entropy_sum"] > 0 and metrics["grad_norm_sum"] > 0
     # rollout logprobs were -3.0 while the trainer computes its own: the gap is reported
     assert metrics["logprob_gap_sum"] / metrics["tokens"] > 0.1
+
+
+@pytest.mark.slow
+def test_a_failing_spawned_rank_reports_its_traceback_instead_of_hanging(tmp_path):
+    from skyrl_trainers.workers import ProcessWorkerGroup, WorkerError
+
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(WorkerError, match=r"(?s)trainer rank \d failed during startup.*ModelLoadError.*does not exist"):
+        ProcessWorkerGroup(WorkerSpec(FSDPGRPOConfig(model=missing)), world_size=2)

@@ -13,7 +13,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from skyrl_trainers.worker import TrainWorker, WorkerSpec, worker_threads
+import torch
+from skyrl_core.factory import ConfigError
+
+from skyrl_trainers.worker import TrainWorker, WorkerSpec, resolve_device, worker_threads
 
 
 class WorkerError(RuntimeError):
@@ -59,8 +62,6 @@ class LocalWorkerGroup:
 
 def _serve(rank: int, world_size: int, port: int, spec: WorkerSpec, conn: Any) -> None:
     """Body of a spawned rank: build the worker, then answer ``(method, args)`` requests until closed."""
-    import torch
-
     torch.set_num_threads(worker_threads(world_size))
     try:
         worker = TrainWorker(rank, world_size, "127.0.0.1", port, spec)
@@ -157,8 +158,6 @@ class RayRank:
         return ray.util.get_node_ip_address(), free_port()
 
     def start(self, rank: int, world_size: int, addr: str, port: int, spec: WorkerSpec) -> None:
-        import torch
-
         torch.set_num_threads(1)
         self.worker = TrainWorker(rank, world_size, addr, port, spec)
 
@@ -219,11 +218,14 @@ class RayWorkerGroup:
 
 
 def make_worker_group(spec: WorkerSpec) -> WorkerGroup:
+    """The ranks for ``spec.config``: Ray actors, the driver process alone, or spawned processes."""
     cfg = spec.config
+    on_gpu = resolve_device(cfg.device) == "cuda"
     if cfg.backend == "ray":
-        from skyrl_trainers.worker import resolve_device
-
-        return RayWorkerGroup(spec, cfg.world_size, cfg.ray_address, use_gpu=resolve_device(cfg.device) == "cuda")
+        return RayWorkerGroup(spec, cfg.world_size, cfg.ray_address, use_gpu=on_gpu)
+    if on_gpu and cfg.world_size > torch.cuda.device_count():
+        raise ConfigError(f"trainer.world_size={cfg.world_size} but {torch.cuda.device_count()} CUDA device(s) are "
+                          "visible; each rank needs its own GPU (or use trainer.backend=ray on a cluster)")
     if cfg.world_size == 1:
         return LocalWorkerGroup(spec)
     return ProcessWorkerGroup(spec, cfg.world_size)
