@@ -59,6 +59,19 @@ def test_metrics_report_kl_entropy_and_rollout_gap(spec):
     assert metrics["logprob_gap_sum"] / metrics["tokens"] > 0.1
 
 
+def test_bf16_mixed_precision_trains_with_fp32_master_weights():
+    group = LocalWorkerGroup(WorkerSpec(FSDPGRPOConfig(model="tiny-random", lr=1e-2, precision="bf16")))
+    try:
+        before = {k: v.clone() for k, v in group.call("full_state_dict")[0].items()}
+        metrics = group.call("train_step", per_rank=plan(1))[0]
+        after = group.call("full_state_dict")[0]
+    finally:
+        group.close()
+    assert metrics["grad_norm_sum"] > 0 and metrics["skipped_steps"] == 0
+    assert {v.dtype for v in after.values()} == {torch.float32}
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
 @pytest.mark.slow
 def test_a_failing_spawned_rank_reports_its_traceback_instead_of_hanging(tmp_path):
     from skyrl_trainers.workers import ProcessWorkerGroup, WorkerError
