@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -219,3 +220,24 @@ def test_workers_outlive_the_thread_that_started_them(sandbox):
         assert runner._all == [worker]
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_a_wal_mode_database_is_read_without_creating_files_beside_it(tmp_path, sandbox):
+    db = tmp_path / "wal" / "wal.sqlite"
+    db.parent.mkdir()
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE t (a INTEGER)")
+    conn.execute("INSERT INTO t VALUES (7)")
+    conn.commit()
+    conn.close()
+    before = folder_digest(db.parent)
+    runner = QueryRunner(SandboxSettings(sandbox, workers=1))
+    try:
+        assert runner.run(QueryRequest("sqlite", str(db), "SELECT a FROM t", 5.0, 10, 1000)).rows == [(7,)]
+        refused = runner.run(QueryRequest("sqlite", str(db), "DELETE FROM t", 5.0, 10, 1000))
+        assert refused.status == "refused"
+    finally:
+        runner.close()
+    assert folder_digest(db.parent) == before == {"wal.sqlite": before["wal.sqlite"]}

@@ -60,7 +60,10 @@ class _GuardedSQLite(sqlite3.Connection):
 
 
 def _sqlite_connect(db_path: str) -> _GuardedSQLite:
-    conn = sqlite3.connect(f"file:{quote(db_path)}?mode=ro", uri=True, isolation_level=None,
+    # immutable=1: no locks, no journal, no -shm/-wal files created beside a WAL-mode database. Only
+    # when a -wal file already holds changes must SQLite read it (plain read-only mode).
+    immutable = "" if Path(f"{db_path}-wal").exists() else "&immutable=1"
+    conn = sqlite3.connect(f"file:{quote(db_path)}?mode=ro{immutable}", uri=True, isolation_level=None,
                            check_same_thread=False, factory=_GuardedSQLite)
     conn.execute("PRAGMA query_only = ON")
     conn.execute("PRAGMA trusted_schema = OFF")
