@@ -27,10 +27,10 @@ class StepRecorder:
         self.calls.append((step, metrics["reward/mean"]))
 
 
-def train_resume_export(run_config, register_skyrl_plugin, **trainer_options):
+def train_resume_export(run_config, register_skyrl_plugin, capsys, **trainer_options):
     recorder = register_skyrl_plugin(StepRecorder(), name="recorder")
     trainer = {"checkpoint_every": 1, "kl_coef": 0.01, **trainer_options}
-    cfg = run_config(trainer={**trainer, "steps": 2})
+    cfg = run_config(trainer={**trainer, "steps": 2}, run={"console": True})
     run_dir = Path(cfg.run.output_dir)
     summary = FSDPGRPOTrainer(cfg).fit()
 
@@ -42,6 +42,8 @@ def train_resume_export(run_config, register_skyrl_plugin, **trainer_options):
     assert records[0]["train/logprob_gap_mean"] < 1e-3  # the engine samples with the trainer's weights
     assert all(r["train/optimizer_steps"] == trainer.get("mini_batches", 1) for r in records)
     assert [step for step, _ in recorder.calls] == [1, 2]
+    console = capsys.readouterr().err
+    assert "step 1  reward" in console and "step 2  reward" in console
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
     assert (run_dir / "checkpoints" / "step_000001" / "trainer_state.pt").is_file()
     assert "tiny-random" in (run_dir / "config.yaml").read_text()
@@ -78,13 +80,14 @@ def _reverse_text_tasks(cfg):
 
 
 @pytest.mark.slow
-def test_world_size_1_with_mini_batches_and_gradient_checkpointing(run_config, register_skyrl_plugin):
-    train_resume_export(run_config, register_skyrl_plugin, world_size=1, mini_batches=2, gradient_checkpointing=True)
+def test_world_size_1_with_mini_batches_and_gradient_checkpointing(run_config, register_skyrl_plugin, capsys):
+    train_resume_export(run_config, register_skyrl_plugin, capsys, world_size=1, mini_batches=2,
+                        gradient_checkpointing=True)
 
 
 @pytest.mark.slow
-def test_world_size_2_and_reshard_the_checkpoint_to_one_rank(run_config, register_skyrl_plugin):
-    run_dir = train_resume_export(run_config, register_skyrl_plugin, world_size=2)
+def test_world_size_2_and_reshard_the_checkpoint_to_one_rank(run_config, register_skyrl_plugin, capsys):
+    run_dir = train_resume_export(run_config, register_skyrl_plugin, capsys, world_size=2)
     # the 2-rank checkpoint loads on one rank and holds the exported weights
     from skyrl_trainers.config import FSDPGRPOConfig
     from skyrl_trainers.worker import WorkerSpec

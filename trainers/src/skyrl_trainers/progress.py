@@ -1,14 +1,20 @@
-"""Rich progress bar for training: one bar over steps, the current phase, a line per finished step."""
+"""Rich progress bars for training: steps (with the current phase), episodes of the current rollout,
+and one line per finished step.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from skyrl_core.hookspecs import hookimpl
+from skyrl_core.plugins import get_plugin_manager
+
 
 class TrainingProgress:
-    """``with TrainingProgress(total=10, done=0) as p: p.phase(1, "generate"); p.step_done(1, metrics)``.
+    """``with TrainingProgress(total=10, done=0) as p: p.rollouts(1, 8); p.phase(1, "train"); p.step_done(1, m)``.
 
-    With ``enabled=False`` every method is a no-op (``run.console=false``).
+    While active it observes ``on_rollout_end`` to advance the episode bar. With ``enabled=False``
+    every method is a no-op (``run.console=false``).
     """
 
     SHOWN = (("reward/mean", "reward"), ("train/loss", "loss"), ("train/kl", "kl"), ("train/grad_norm", "grad"),
@@ -20,27 +26,41 @@ class TrainingProgress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            self.progress = Progress(TextColumn("[bold]{task.fields[label]:>8}"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("{task.description}"), TimeElapsedColumn(),
                                      console=Console(stderr=True))
-            self.task = self.progress.add_task("starting", total=total, completed=done)
+            self.steps = self.progress.add_task("starting", total=total, completed=done, label="train")
+            self.episodes = self.progress.add_task("", total=None, label="episodes", visible=False)
 
     def __enter__(self) -> TrainingProgress:
         if self.progress is not None:
             self.progress.start()
+            get_plugin_manager().register(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
+            get_plugin_manager().unregister(self)
             self.progress.stop()
+
+    @hookimpl
+    def on_rollout_end(self, trajectory: Any) -> None:
+        if self.progress is not None and trajectory.parent_id is None:
+            self.progress.advance(self.episodes)
+
+    def rollouts(self, step: int, episodes: int) -> None:
+        """Generation of ``episodes`` root episodes for ``step`` starts."""
+        if self.progress is not None:
+            self.progress.reset(self.episodes, total=episodes, visible=True)
+            self.phase(step, "generate")
 
     def phase(self, step: int, name: str) -> None:
         if self.progress is not None:
-            self.progress.update(self.task, description=f"step {step}: {name}")
+            self.progress.update(self.steps, description=f"step {step}: {name}")
 
     def step_done(self, step: int, metrics: dict[str, float]) -> None:
         if self.progress is None:
             return
         shown = "  ".join(f"{label} {metrics[key]:.4g}" for key, label in self.SHOWN if key in metrics)
         self.progress.console.print(f"step {step}  {shown}")
-        self.progress.advance(self.task)
+        self.progress.advance(self.steps)

@@ -126,8 +126,8 @@ class _StepLoop:
     def step(self, step: int, progress: TrainingProgress) -> dict[str, float]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        progress.phase(step, "generate")
         tasks = self.stream.next_batch(cfg.batch_size)
+        progress.rollouts(step, len(tasks) * getattr(self.trainer.config.generator, "n_samples_per_prompt", 1))
         batch: TrajectoryBatch = self.loop.run_until_complete(self.generator.generate(tasks))
         t1 = time.perf_counter()
         self.write_samples(step, batch.trajectories)
@@ -159,7 +159,11 @@ class _StepLoop:
         return metrics
 
     def write_samples(self, step: int, trajectories: list[Trajectory]) -> None:
-        chosen = trajectories[: self.cfg.samples_per_step]
+        """Copy ``samples_per_step`` trajectories, spread over the batch, to ``samples.jsonl``."""
+        if not self.cfg.samples_per_step:
+            return
+        stride = max(1, len(trajectories) // self.cfg.samples_per_step)
+        chosen = trajectories[::stride][: self.cfg.samples_per_step]
         for t in chosen:
             t.metrics["train_step"] = float(step)
         if chosen:
