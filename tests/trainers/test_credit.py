@@ -75,3 +75,12 @@ def test_a_failed_step_excludes_its_whole_episode():
 def test_rloo_estimator_is_selectable():
     batch = [traj("a", sample=0, reward=1.0), traj("b", sample=1, reward=0.0), traj("c", sample=2, reward=0.0)]
     assert assign_advantages(batch, estimator="rloo") == pytest.approx([1.0, -0.5, -0.5])
+
+
+def test_reinforce_pp_whitens_over_the_tokens_of_each_episode():
+    # episode a: 1 token, reward 1; episode b: two steps of 1 + 2 tokens, reward 0 -> as in the
+    # hand-computed algorithm test: mean 0.25, std 0.5
+    batch = [traj("a", sample=0, reward=1.0, loss_mask=[1]),
+             traj("b-s0", sample=1, step_index=0, is_last_step=False, loss_mask=[1]),
+             traj("b-s1", sample=1, reward=0.0, step_index=1, is_last_step=True, loss_mask=[1, 1, 0])]
+    assert assign_advantages(batch, estimator="reinforce_pp") == pytest.approx([1.5, -0.5, -0.5], abs=1e-4)

@@ -30,7 +30,7 @@ def gradient(model, cfg, budget):
 
 
 @pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "sequence_mean_token_sum"])
-@pytest.mark.parametrize("policy_loss", ["ppo_clip", "gspo"])
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "dual_clip", "gspo"])
 def test_gradient_is_invariant_to_micro_batch_size(reduction, policy_loss):
     model, _ = build_tiny_random()
     model.train()
