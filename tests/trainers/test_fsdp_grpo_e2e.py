@@ -139,3 +139,12 @@ def test_grpo_learns_to_write_the_target_letter(run_config, test_envs):
     exported = load_file(Path(cfg.run.output_dir) / "export" / "model.safetensors")
     assert not torch.equal(exported["model.layers.0.mlp.up_proj.weight"],
                            initial.state_dict()["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_a_sleeping_engine_is_woken_and_resynced_around_every_update(run_config, test_envs):
+    from trainer_support import SleepyHFEngine
+
+    SleepyHFEngine.EVENTS.clear()
+    FSDPGRPOTrainer(run_config(env="letter_e", engine={"id": "sleepy_hf"}, trainer={"export": False})).fit()
+    step = ["generate", "sleep(2)", "wake_up(weights)", "update_weights", "wake_up(kv_cache)"]
+    assert SleepyHFEngine.EVENTS == ["update_weights", *step, *step]

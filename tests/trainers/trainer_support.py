@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from skyrl_core import EnvSpec, StepResult, TextEnv, hookimpl
+from skyrl_core import EngineSpec, EnvSpec, StepResult, TextEnv, hookimpl
+from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
 
 
 class LetterEnv(TextEnv):
@@ -36,11 +37,41 @@ class FlakyLetterEnv(LetterEnv):
         return [{"id": "ok0"}, {"id": "bad", "broken": True}]
 
 
+class SleepyHFEngineConfig(HFEngineConfig):
+    enable_sleep_mode: bool = True
+
+
+class SleepyHFEngine(HFEngine):
+    """The hf engine plus vLLM-style ``sleep``/``wake_up`` that record the order of engine calls in ``EVENTS``."""
+
+    EVENTS: list[str] = []
+
+    async def generate(self, prompt_ids, params):
+        if not self.EVENTS or self.EVENTS[-1] != "generate":
+            self.EVENTS.append("generate")
+        return await super().generate(prompt_ids, params)
+
+    async def update_weights(self, named_tensors):
+        self.EVENTS.append("update_weights")
+        await super().update_weights(named_tensors)
+
+    async def sleep(self, level=1):
+        self.EVENTS.append(f"sleep({level})")
+
+    async def wake_up(self, tags=None):
+        self.EVENTS.append(f"wake_up({','.join(tags)})")
+
+
 class TrainerTestEnvs:
     @hookimpl
     def register_envs(self, register):
         register(EnvSpec(id="letter_e", entry_point="trainer_support:LetterEnv", max_turns=1))
         register(EnvSpec(id="flaky_letter_e", entry_point="trainer_support:FlakyLetterEnv", max_turns=1))
+
+    @hookimpl
+    def register_inference_engines(self, register):
+        register(EngineSpec(id="sleepy_hf", entry_point="trainer_support:SleepyHFEngine",
+                            config="trainer_support:SleepyHFEngineConfig"))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

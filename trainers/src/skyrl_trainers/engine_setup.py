@@ -38,3 +38,10 @@ def build_engine(config: ResolvedConfig, seed: int | None = None) -> tuple[Any, 
     if tokenizer is None:
         raise ConfigError(f"engine {config.engine_id!r} exposes no tokenizer; the trainer needs one to build prompts")
     return engine, tokenizer
+
+
+def sleeps_between_rollouts(engine: Any) -> bool:
+    """True for an engine that can free its GPU memory while the trainer runs (vLLM with
+    ``engine.enable_sleep_mode=true``): it is put to sleep after each rollout and woken for the weight sync."""
+    config = getattr(engine, "config", None)
+    return bool(getattr(config, "enable_sleep_mode", False)) and hasattr(engine, "sleep") and hasattr(engine, "wake_up")

@@ -25,7 +25,7 @@ from skyrl_trainers.batching import plan_step, training_samples
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.credit import assign_advantages
 from skyrl_trainers.data import TaskStream, load_training_tasks
-from skyrl_trainers.engine_setup import build_engine
+from skyrl_trainers.engine_setup import build_engine, sleeps_between_rollouts
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.run_folder import RunFolder, driver_rng_state, set_driver_rng_state
 from skyrl_trainers.worker import WorkerSpec, accumulate
@@ -106,6 +106,7 @@ class _StepLoop:
         self.trainer, self.cfg, self.run_folder = trainer, trainer.cfg, trainer.run_folder
         self.workers, self.engine, self.generator = workers, engine, generator
         self.stream, self.loop, self.logger = stream, loop, logger
+        self.sleeps = sleeps_between_rollouts(engine)
 
     def run(self, start: int, progress: TrainingProgress) -> dict[str, float]:
         cfg = self.cfg
@@ -124,39 +125,50 @@ class _StepLoop:
         return summarize(history, step, time.perf_counter() - started)
 
     def step(self, step: int, progress: TrainingProgress) -> dict[str, float]:
-        cfg = self.cfg
         t0 = time.perf_counter()
-        tasks = self.stream.next_batch(cfg.batch_size)
+        tasks = self.stream.next_batch(self.cfg.batch_size)
         progress.rollouts(step, len(tasks) * getattr(self.trainer.config.generator, "n_samples_per_prompt", 1))
         batch: TrajectoryBatch = self.loop.run_until_complete(self.generator.generate(tasks))
+        if self.sleeps:  # free the engine's GPU memory for training; its weights are re-sent below
+            self.loop.run_until_complete(self.engine.sleep(level=2))
         t1 = time.perf_counter()
         self.write_samples(step, batch.trajectories)
         progress.phase(step, "train")
-        trajectories = batch.trajectories
+        metrics: dict[str, float] = {**batch.metrics, **self.train(step, batch.trajectories)}
+        t2 = time.perf_counter()
+        progress.phase(step, "sync weights")
+        self.sync_weights(changed=metrics["train/optimizer_steps"] > 0)
+        t3 = time.perf_counter()
+        metrics.update({"time/generate_seconds": t1 - t0, "time/train_seconds": t2 - t1,
+                        "time/sync_seconds": t3 - t2, "time/step_seconds": t3 - t0,
+                        "throughput/train_tokens_per_second": metrics.pop("train/input_tokens") / max(t2 - t1, 1e-9)})
+        return metrics
+
+    def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Advantages, batch plan and the update on every rank; metrics of the update."""
+        cfg = self.cfg
         advantages = assign_advantages(trajectories, estimator=cfg.advantage, norm_by_std=cfg.grpo_norm_by_std,
                                        child_advantage=cfg.child_advantage)
         samples = training_samples(trajectories, advantages)
-        metrics: dict[str, float] = dict(batch.metrics)
-        metrics["train/samples"] = float(len(samples))
-        metrics["train/excluded_samples"] = float(len(trajectories) - len(samples))
-        if samples:
-            plans = plan_step(samples, world_size=self.workers.world_size, mini_batches=cfg.mini_batches,
-                              micro_batch_tokens=cfg.micro_batch_tokens)
-            metrics.update(train_metrics(self.workers.call("train_step", per_rank=plans)))
-            metrics["train/advantage_abs_mean"] = sum(abs(s.advantage) for s in samples) / len(samples)
-            t2 = time.perf_counter()
-            progress.phase(step, "sync weights")
-            self.loop.run_until_complete(self.engine.update_weights(self.workers.call("full_state_dict")[0]))
-            trained_tokens = sum(len(s.input_ids) for s in samples)
-            metrics["throughput/train_tokens_per_second"] = trained_tokens / max(t2 - t1, 1e-9)
-        else:  # nothing trainable (e.g. every episode failed): keep the weights, log the step
+        metrics = {"train/samples": float(len(samples)), "train/excluded_samples": float(len(trajectories) - len(samples)),
+                   "train/input_tokens": float(sum(len(s.input_ids) for s in samples))}
+        if not samples:  # e.g. every episode failed: keep the weights, log the step
             log.warning("step %d: no trainable samples (%d trajectories, all failed or empty)", step, len(trajectories))
-            t2 = time.perf_counter()
-            metrics["train/skipped_steps"] = 1.0
-        t3 = time.perf_counter()
-        metrics.update({"time/generate_seconds": t1 - t0, "time/train_seconds": t2 - t1,
-                        "time/sync_seconds": t3 - t2, "time/step_seconds": t3 - t0})
+            return {**metrics, "train/optimizer_steps": 0.0, "train/skipped_steps": 1.0}
+        plans = plan_step(samples, world_size=self.workers.world_size, mini_batches=cfg.mini_batches,
+                          micro_batch_tokens=cfg.micro_batch_tokens)
+        metrics.update(train_metrics(self.workers.call("train_step", per_rank=plans)))
+        metrics["train/advantage_abs_mean"] = sum(abs(s.advantage) for s in samples) / len(samples)
         return metrics
+
+    def sync_weights(self, changed: bool) -> None:
+        """Send the trainer's weights to the engine (always after a sleep, which dropped them)."""
+        if self.sleeps:
+            self.loop.run_until_complete(self.engine.wake_up(["weights"]))
+        if changed or self.sleeps:
+            self.loop.run_until_complete(self.engine.update_weights(self.workers.call("full_state_dict")[0]))
+        if self.sleeps:
+            self.loop.run_until_complete(self.engine.wake_up(["kv_cache"]))
 
     def write_samples(self, step: int, trajectories: list[Trajectory]) -> None:
         """Copy ``samples_per_step`` trajectories, spread over the batch, to ``samples.jsonl``."""
