@@ -167,3 +167,18 @@ def test_template_without_eos_is_rejected(scripted_engine):
     engine = scripted_engine()
     with pytest.raises(ValueError, match="end_of_turn_token_id"):
         ChatRenderer(engine.tokenizer, end_of_turn_id=99999)
+
+
+async def test_env_spec_stop_strings_reach_the_engine(scripted_engine, register_skyrl_plugin):
+    from skyrl_core import EnvSpec, hookimpl
+
+    class StopEnvPlugin:
+        @hookimpl
+        def register_envs(self, register):
+            register(EnvSpec(id="stop_env", entry_point="core_envs:CountdownEnv", stop=("</sql>",)))
+
+    register_skyrl_plugin(StopEnvPlugin())
+    engine = scripted_engine(default="done")
+    gen = make_generator(engine, env_id="stop_env", stop=["</x>", "</sql>"])
+    assert gen.sampling_params(8).stop == ["</x>", "</sql>"]
+    assert make_generator(engine, env_id="stop_env").sampling_params(8).stop == ["</sql>"]

@@ -35,8 +35,9 @@ def main() -> None:
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 

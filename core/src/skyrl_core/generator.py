@@ -21,7 +21,7 @@ from skyrl_core.chat import ChatRenderer, ChatTokenizer
 from skyrl_core.engine import InferenceEngine, SamplingParams
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import env_class, validate_config
-from skyrl_core.plugins import get_plugin_manager
+from skyrl_core.plugins import get_plugin_manager, get_registry
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch, Turn
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class GeneratorConfig(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = -1
-    stop: list[str] = Field(default_factory=list, description="Extra stop strings, e.g. '</sql>'.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings besides those the env's spec declares.")
     step_wise: bool = Field(False, description="Emit one training sample per turn.")
     max_concurrency: int = Field(256, ge=1, description="Episodes in flight at once.")
     end_of_turn_token_id: int | None = Field(None, description="Defaults to the tokenizer's EOS id.")
@@ -58,6 +58,7 @@ class MultiTurnGenerator:
         self.renderer = ChatRenderer(tokenizer, config.end_of_turn_token_id)
         self.env_id = env_id
         self.env_cls = env_class(env_id)
+        self.stop = list(dict.fromkeys([*config.stop, *get_registry().get("env", env_id).stop]))
         if not isinstance(env_config, BaseModel):
             env_config = validate_config(self.env_cls.config_class, env_config or {}, "env")
         if config.max_turns is not None:
@@ -67,7 +68,7 @@ class MultiTurnGenerator:
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         c = self.config
         return SamplingParams(max_tokens=max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                              stop=list(c.stop), stop_token_ids=[self.renderer.end_of_turn_id])
+                              stop=self.stop, stop_token_ids=[self.renderer.end_of_turn_id])
 
     async def generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None = None) -> TrajectoryBatch:
         """Run ``n_samples`` (default: config) episodes per task; results keep input order."""

@@ -78,11 +78,14 @@ class EnvSpec(ComponentSpec):
     needs_gpu: bool = False
     # Generator used when a run config names none (e.g. a tree generator for recursive envs).
     default_generator: str | None = None
+    # Stop strings the env's action format needs (e.g. "</sql>"); generators add them to generator.stop.
+    stop: tuple[str, ...] = ()
 
     def metadata(self) -> dict[str, Any]:
         return {"max_turns": self.max_turns, "reward_range": list(self.reward_range),
                 "needs_network": self.needs_network, "needs_docker": self.needs_docker,
-                "needs_gpu": self.needs_gpu, "default_generator": self.default_generator}
+                "needs_gpu": self.needs_gpu, "default_generator": self.default_generator,
+                "stop": list(self.stop)}
 
 
 @dataclass(frozen=True)

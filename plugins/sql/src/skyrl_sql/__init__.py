@@ -12,4 +12,5 @@ def register_envs(register):
         description="Text-to-SQL: explore a read-only SQLite/DuckDB database with <sql>, submit with <solution>.",
         max_turns=5,
         reward_range=(-1.0, 1.0),
+        stop=("</sql>", "</solution>"),
     ))
