@@ -18,7 +18,7 @@ SMALL_RUN = {
 
 
 @pytest.fixture
-def test_envs(register_skyrl_plugin):
+def extra_envs(register_skyrl_plugin):
     from trainer_support import TrainerTestEnvs
 
     register_skyrl_plugin(TrainerTestEnvs(), name="trainer-test-envs")

@@ -104,7 +104,7 @@ def test_world_size_2_and_reshard_the_checkpoint_to_one_rank(run_config, registe
         assert torch.equal(state[key], value), key
 
 
-def test_failed_episodes_and_step_wise_samples_do_not_stop_training(run_config, test_envs):
+def test_failed_episodes_and_step_wise_samples_do_not_stop_training(run_config, extra_envs):
     cfg = run_config(env="flaky_letter_e", generator={"step_wise": True}, trainer={"steps": 1, "export": False})
     summary = FSDPGRPOTrainer(cfg).fit()
     [record] = read_metrics(cfg.run.output_dir)
@@ -113,7 +113,7 @@ def test_failed_episodes_and_step_wise_samples_do_not_stop_training(run_config, 
     assert record["train/excluded_samples"] == 2.0 and record["train/samples"] == 2.0
 
 
-def test_run_folder_mistakes_are_config_errors(run_config, test_envs, tmp_path):
+def test_run_folder_mistakes_are_config_errors(run_config, extra_envs, tmp_path):
     cfg = run_config(env="letter_e", trainer={"steps": 1, "export": False})
     FSDPGRPOTrainer(cfg).fit()
     with pytest.raises(ConfigError, match="already holds a run; continue it with run.resume="):
@@ -123,7 +123,7 @@ def test_run_folder_mistakes_are_config_errors(run_config, test_envs, tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_learns_to_write_the_target_letter(run_config, test_envs):
+def test_grpo_learns_to_write_the_target_letter(run_config, extra_envs):
     cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
                      trainer={"steps": 8, "lr": 2e-2, "export": True})
     FSDPGRPOTrainer(cfg).fit()
@@ -141,7 +141,7 @@ def test_grpo_learns_to_write_the_target_letter(run_config, test_envs):
                            initial.state_dict()["model.layers.0.mlp.up_proj.weight"])
 
 
-def test_a_sleeping_engine_is_woken_and_resynced_around_every_update(run_config, test_envs):
+def test_a_sleeping_engine_is_woken_and_resynced_around_every_update(run_config, extra_envs):
     from trainer_support import SleepyHFEngine
 
     SleepyHFEngine.EVENTS.clear()
