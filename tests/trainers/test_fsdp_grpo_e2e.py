@@ -148,3 +148,12 @@ def test_a_sleeping_engine_is_woken_and_resynced_around_every_update(run_config,
     FSDPGRPOTrainer(run_config(env="letter_e", engine={"id": "sleepy_hf"}, trainer={"export": False})).fit()
     step = ["generate", "sleep(2)", "wake_up(weights)", "update_weights", "wake_up(kv_cache)"]
     assert SleepyHFEngine.EVENTS == ["update_weights", *step, *step]
+
+
+def test_step_wise_multi_turn_episodes_train_one_sample_per_turn(run_config):
+    cfg = run_config(generator={"step_wise": True}, trainer={"steps": 1, "export": False})
+    FSDPGRPOTrainer(cfg).fit()
+    [record] = read_metrics(cfg.run.output_dir)
+    # tiny-random never answers in the right format, so every reverse_text episode uses both turns
+    assert record["rollout/turns_mean"] == 2.0
+    assert record["train/samples"] == 2 * record["rollout/episodes"]
