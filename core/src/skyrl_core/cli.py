@@ -208,6 +208,8 @@ def run_command(
 ) -> None:
     """Train a policy on an env: resolves env, generator, engine and trainer through the registry."""
     from skyrl_core.config import build_config
+    from skyrl_core.data import DataError
+    from skyrl_core.engine import EngineError
     from skyrl_core.factory import ConfigError
 
     flags: dict[str, dict[str, Any]] = {"trainer": {"id": trainer, **({"model": model} if model else {})}}
@@ -218,7 +220,7 @@ def run_command(
         cfg = build_config(*_config_layers(env, config_file, overrides, flags), registry=registry)
         trainer_cls = registry.get("trainer", trainer).load()
         summary = trainer_cls(cfg).fit()
-    except (ConfigError, RegistryError) as exc:
+    except (ConfigError, RegistryError, DataError, EngineError) as exc:
         raise _fail(str(exc)) from None
     from rich.console import Console
 

@@ -40,7 +40,7 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
         if self._console is not None:
-            self._console.print(format_metrics_table(step, clean))
+            self._console.print(format_metrics_table(f"step {step}", clean))
 
     def close(self) -> None:
         self._file.close()
@@ -54,10 +54,11 @@ class MetricsLogger:
         self.close()
 
 
-def format_metrics_table(step: int | str, metrics: Mapping[str, Any]) -> Any:
+def format_metrics_table(title: str, metrics: Mapping[str, Any]) -> Any:
+    """A two-column rich table of metric names and values."""
     from rich.table import Table
 
-    table = Table(title=f"step {step}", show_header=False, box=None, pad_edge=False)
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
     for key, value in metrics.items():
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     return table
