@@ -34,6 +34,7 @@ T = TypeVar("T")
 WORKER_EXTENSION = "skyrl_trainers.engines.vllm_worker.WeightLoaderExtension"
 LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 FINISH_REASONS: dict[str, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+SLEEP_TAGS = ("weights", "kv_cache")
 
 
 class VLLMUnavailableError(EngineError):
@@ -86,7 +87,7 @@ class VLLMEngine:
         self.config = config = config or VLLMEngineConfig()
         self.tokenizer = load_tokenizer(config.model)
         self.weight_version = 0
-        self.sleeping = False
+        self.asleep: set[str] = set()  # what sleep() released and wake_up() has not restored yet
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
@@ -113,17 +114,19 @@ class VLLMEngine:
         await self._submit(self._update_weights(named_tensors))
 
     async def sleep(self, level: int = 1) -> None:
-        """Free GPU memory: level 1 offloads weights to CPU and drops the KV cache; level 2 drops both."""
+        """Free GPU memory: level 1 offloads weights to CPU and drops the KV cache; level 2 drops both
+        (the weights must then be reloaded with :meth:`update_weights` before generating again)."""
         if not self.config.enable_sleep_mode:
             raise EngineError("vllm engine: sleep() needs engine.enable_sleep_mode=true")
         await self._submit(self._llm.sleep(level))
-        self.sleeping = True
+        self.asleep = set(SLEEP_TAGS)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore GPU memory; ``tags`` may be ``["weights"]`` or ``["kv_cache"]`` (default: both)."""
-        await self._submit(self._llm.wake_up(tags))
-        if tags is None or "kv_cache" in tags:
-            self.sleeping = False
+        wanted = [t for t in (tags or SLEEP_TAGS) if t in self.asleep]
+        if wanted:
+            await self._submit(self._llm.wake_up(wanted))
+            self.asleep -= set(wanted)
 
     def close(self) -> None:
         self._llm.shutdown()
@@ -153,8 +156,9 @@ class VLLMEngine:
                               completion.text, metadata={"weight_version": version})
 
     async def _update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        if self.sleeping:
+        if "weights" in self.asleep:
             await self._llm.wake_up(["weights"])
+            self.asleep.discard("weights")
         for chunk in chunk_named_tensors(named_tensors, self.config.weight_chunk_mb * 2**20):
             await self._llm.collective_rpc("skyrl_load_weights", args=(chunk,))
         await self._llm.reset_prefix_cache()
