@@ -260,3 +260,28 @@ async def test_samples_of_one_prompt_share_a_single_prefill(engine):
     assert prefill_rows[1][0] == 8 and prefill_rows[1][1] == 1
     assert [o.token_ids for o in grouped] == [o.token_ids for o in alone]
     assert len({tuple(o.token_ids) for o in grouped[:4]}) > 1  # different seeds, different samples
+
+
+async def test_weights_from_an_fsdp2_sharded_policy_are_gathered(tiny, tmp_path):
+    """The colocated CPU path: the trainer's state dict holds DTensors from fully_shard (world size 1, gloo)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+    model, tokenizer = tiny
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        policy = copy.deepcopy(model)
+        with torch.no_grad():
+            policy.model.norm.weight.mul_(3.0)
+        for layer in policy.model.layers:
+            fully_shard(layer)
+        fully_shard(policy)
+        state = policy.state_dict()
+        assert type(state["model.norm.weight"]).__name__ == "DTensor"
+        engine = HFEngine.from_model(copy.deepcopy(model), tokenizer)
+        await engine.update_weights(state)
+        assert torch.equal(engine.model.model.norm.weight, model.model.norm.weight * 3.0)
+    finally:
+        dist.destroy_process_group()
