@@ -61,11 +61,14 @@ class HFEngine:
     """A transformers causal LM behind skyrl-core's ``InferenceEngine`` protocol. Safe to call concurrently."""
 
     def __init__(self, config: HFEngineConfig | None = None) -> None:
-        from skyrl_trainers.models import load_model_and_tokenizer
+        from skyrl_trainers.models import ModelLoadError, load_model_and_tokenizer
 
         config = config or HFEngineConfig()
         device = resolve_device(config.device)
-        model, tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
+        try:
+            model, tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
+        except ModelLoadError as exc:
+            raise EngineError(f"hf engine: {exc}") from exc
         self._setup(model, tokenizer, config)
 
     @classmethod

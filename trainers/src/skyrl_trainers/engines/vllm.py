@@ -82,16 +82,20 @@ class VLLMEngine:
 
     def __init__(self, config: VLLMEngineConfig | None = None) -> None:
         check_vllm_available()
-        from skyrl_trainers.models import load_tokenizer, model_source
+        from skyrl_trainers.models import ModelLoadError, load_tokenizer, model_source
 
         self.config = config = config or VLLMEngineConfig()
-        self.tokenizer = load_tokenizer(config.model)
+        try:
+            self.tokenizer = load_tokenizer(config.model)
+            source = model_source(config.model)
+        except ModelLoadError as exc:
+            raise EngineError(f"vllm engine: {exc}") from exc
         self.weight_version = 0
         self.asleep: set[str] = set()  # what sleep() released and wake_up() has not restored yet
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        self._llm = self._call(self._start(model_source(config.model)))
+        self._llm = self._call(self._start(source))
 
     async def _start(self, source: str) -> Any:
         from vllm import AsyncEngineArgs
