@@ -1,0 +1,62 @@
+"""Per-row sampling and logprobs of the hf engine, against hand-computed distributions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from skyrl_trainers.engines.sampling import RowParams, processed_logprobs, sample_next
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+
+
+def row(temperature=1.0, top_k=-1, top_p=1.0, seed=0):
+    return RowParams(temperature, top_k, top_p, torch.Generator().manual_seed(seed))
+
+
+def log_normalised(values):
+    total = sum(math.exp(v) for v in values)
+    return [v - math.log(total) for v in values]
+
+
+def test_top_k_renormalises_over_the_kept_tokens():
+    # top-2 of [2, 1, 0, -1] at temperature 1: log(e^2 / (e^2 + e^1)), log(e^1 / (e^2 + e^1)), -inf, -inf
+    out = processed_logprobs(LOGITS, [row(top_k=2)])[0]
+    assert out[:2].tolist() == pytest.approx(log_normalised([2.0, 1.0]))
+    assert out[2:].tolist() == [-math.inf, -math.inf]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # probabilities ~ [0.644, 0.237, 0.087, 0.032]: p=0.7 keeps the first two, p=0.5 only the first
+    assert torch.isfinite(processed_logprobs(LOGITS, [row(top_p=0.7)])[0]).tolist() == [True, True, False, False]
+    assert processed_logprobs(LOGITS, [row(top_p=0.5)])[0].tolist() == [0.0] + [-math.inf] * 3
+
+
+def test_temperature_scales_before_normalising():
+    out = processed_logprobs(LOGITS, [row(temperature=0.5)])[0]
+    assert out.tolist() == pytest.approx(log_normalised([4.0, 2.0, 0.0, -2.0]))
+
+
+def test_rows_keep_their_own_settings_and_modes():
+    logits = LOGITS.repeat(3, 1)
+    rows = [row(temperature=0), row(top_k=1), row(temperature=0.5, seed=3)]
+    tokens, processed = sample_next(logits, rows, "processed")
+    raw_tokens, raw = sample_next(logits, [row(temperature=0), row(top_k=1), row(temperature=0.5, seed=3)], "raw")
+    assert tokens.tolist()[:2] == [0, 0] and tokens.tolist() == raw_tokens.tolist()
+    raw_expected = log_normalised([2.0, 1.0, 0.0, -1.0])
+    assert processed[0].item() == pytest.approx(raw_expected[0])  # greedy reports the model's own logprob
+    assert processed[1].item() == pytest.approx(0.0)  # the only token left after top-1
+    assert processed[2].item() == pytest.approx(log_normalised([4.0, 2.0, 0.0, -2.0])[tokens[2]])
+    assert raw.tolist() == pytest.approx([raw_expected[t] for t in tokens.tolist()])
+
+
+def test_sampling_frequencies_follow_the_processed_distribution():
+    generator = torch.Generator().manual_seed(0)
+    rows = [RowParams(1.0, 2, 1.0, generator)]
+    counts = torch.zeros(4)
+    for _ in range(2000):
+        token, _ = sample_next(LOGITS, rows)
+        counts[token] += 1
+    expected = math.exp(log_normalised([2.0, 1.0])[0])
+    assert counts[2:].sum() == 0 and counts[0] / 2000 == pytest.approx(expected, abs=0.04)
