@@ -8,8 +8,9 @@ Generation (16 chat prompts, greedy, ``--max-tokens`` new tokens each):
 Training (the 16 prompt+response pairs from the engine, GRPO-style advantages):
   * baseline: a bare forward / token log-likelihood loss / backward / AdamW step on an unwrapped model;
   * one ``fsdp_grpo`` step: ``TrainWorker.train_step`` (FSDP2, world size 1, PPO-clip, token mean).
-Ratios are against the baseline of the same table, measured in the same run. Peak memory is the
-highest RSS during the phase (sampled every 5 ms), or CUDA max allocated on a GPU.
+Each row is the best of 3 runs; ratios are against the baseline of the same table, measured in the
+same run. Peak memory is the highest RSS during the phase (sampled every 5 ms), or CUDA max
+allocated on a GPU.
 
     python bench/trainers_bench.py                       # tiny-random and smollm2-135m on CPU
     python bench/trainers_bench.py --models tiny-random --device cuda
@@ -88,14 +89,17 @@ def current_rss_mb() -> float:
     return 0.0
 
 
-def measure(name: str, device: str, fn: Callable[[], int]) -> Row:
+def measure(name: str, device: str, fn: Callable[[], int], repeats: int = 3) -> Row:
+    """Best of ``repeats`` runs (the CPUs are shared, so the fastest run is the least disturbed one)."""
+    best, tokens = float("inf"), 0
     with PeakMemory(device) as memory:
-        started = time.perf_counter()
-        tokens = fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-    return Row(name, tokens, seconds, memory.peak_mb)
+        for _ in range(repeats):
+            started = time.perf_counter()
+            tokens = fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - started)
+    return Row(name, tokens, best, memory.peak_mb)
 
 
 def print_table(title: str, rows: list[Row], unit: str) -> None:
@@ -164,7 +168,7 @@ def bench_generation(name: str, model, tokenizer, device: str, max_tokens: int) 
 
     def concurrent() -> int:
         tokens, outs = engine_concurrent(engine, prompts, params)
-        outputs.extend(outs)
+        outputs[:] = outs
         return tokens
 
     with torch.inference_mode():
@@ -258,7 +262,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-tokens", type=int, default=0, help="New tokens per request (0: 64 tiny, 32 else).")
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: on a shared, loaded CPU, multi-threaded OpenMP "
+                             "regions stall and make timings erratic; 0 keeps torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
     for name in args.models:
         model, tokenizer = load_model_and_tokenizer(name, device=args.device)
