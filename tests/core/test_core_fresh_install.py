@@ -3,9 +3,6 @@ virtual environment, shows up in `skyrl envs` and passes `skyrl check`; core pul
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,21 +11,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_tutorial_plugin_installs_into_a_fresh_venv_and_passes_check(tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, str(REPO / "core"), str(REPO / "examples" / "reverse_text")], check=True, timeout=600)
-
-    installed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json"],
-                               capture_output=True, text=True, check=True).stdout
-    names = {p["name"].lower() for p in json.loads(installed)}
-    assert {"skyrl-core", "skyrl-reverse-text"} <= names
-    assert not names & {"torch", "transformers", "vllm", "tokenizers"}
-
-    skyrl = str(venv / "bin" / "skyrl")
-    envs = json.loads(subprocess.run([skyrl, "envs", "--json"], capture_output=True, text=True, check=True).stdout)
+def test_tutorial_plugin_installs_into_a_fresh_venv_and_passes_check(fresh_venv):
+    fresh_venv.install(REPO / "core", REPO / "examples" / "reverse_text")
+    packages = fresh_venv.packages()
+    assert {"skyrl-core", "skyrl-reverse-text"} <= packages
+    assert not packages & {"torch", "transformers", "vllm", "tokenizers"}
+    envs = fresh_venv.skyrl_json("envs")
     assert [(e["id"], e["provider"]) for e in envs] == [("reverse_text", "skyrl-reverse-text")]
-    check = subprocess.run([skyrl, "check", "reverse_text"], capture_output=True, text=True)
+    check = fresh_venv.skyrl("check", "reverse_text")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "0 failed" in check.stdout

@@ -7,13 +7,12 @@ records its position for exact resume.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from skyrl_core.data import DataError
+from skyrl_core.data import DataError, read_jsonl_tasks
 from skyrl_core.env import EnvConfig, TextEnv
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -51,24 +50,10 @@ def _read_file(path: str) -> list[Any]:
     try:
         dataset = datasets.load_dataset(_FORMATS[suffix], data_files=path, split="train")
     except Exception as exc:  # noqa: BLE001 - explain with the first bad line where we can find it
-        raise DataError(_first_bad_line(path) or f"{path}: could not be read: {type(exc).__name__}: {exc}") from None
+        if suffix == ".jsonl":
+            read_jsonl_tasks(path)  # raises a DataError naming the bad row
+        raise DataError(f"{path}: could not be read: {type(exc).__name__}: {exc}") from None
     return list(dataset)
-
-
-def _first_bad_line(path: str) -> str | None:
-    if Path(path).suffix.lower() != ".jsonl":
-        return None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                return f"{path}: row {number} is not valid JSON: {exc.msg}"
-            if not isinstance(row, dict):
-                return f"{path}: row {number} must be a JSON object, got {type(row).__name__}"
-    return None
 
 
 def _checked(env_cls: type[TextEnv], env_config: EnvConfig, row: Any, where: str) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from skyrl_trainers.credit import assign_advantages
 from skyrl_trainers.data import TaskStream, load_training_tasks
 from skyrl_trainers.engine_setup import build_engine, sleeps_between_rollouts
 from skyrl_trainers.progress import TrainingProgress
-from skyrl_trainers.run_folder import RunFolder, driver_rng_state, set_driver_rng_state
+from skyrl_trainers.rng import rng_state, set_rng_state
+from skyrl_trainers.run_folder import RunFolder
 from skyrl_trainers.worker import WorkerSpec, accumulate
 from skyrl_trainers.workers import make_worker_group
 
@@ -71,7 +72,7 @@ class FSDPGRPOTrainer:
             if resumed:
                 workers.call("load_checkpoint", str(resume_from))
                 stream.load_state_dict(resumed["data"])
-                set_driver_rng_state(resumed["rng"])
+                set_rng_state(resumed["rng"])
                 self.run_folder.forget_after(start)
             loop.run_until_complete(engine.update_weights(workers.call("full_state_dict")[0]))
             logger = MetricsLogger(self.run_folder.path, console=False, wandb_project=run.wandb_project,
@@ -184,7 +185,7 @@ class _StepLoop:
     def checkpoint(self, step: int) -> None:
         folder = self.run_folder.new_checkpoint(step)
         self.workers.call("save_checkpoint", str(folder))
-        torch.save({"step": step, "data": self.stream.state_dict(), "rng": driver_rng_state()},
+        torch.save({"step": step, "data": self.stream.state_dict(), "rng": rng_state()},
                    folder / "trainer_state.pt")
         self.run_folder.commit_checkpoint(step)
 

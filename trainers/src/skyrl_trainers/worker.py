@@ -21,6 +21,7 @@ from skyrl_trainers.batching import MiniBatchPlan
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import MicroBatch, collate, token_logprobs
 from skyrl_trainers.objective import Normalisers, micro_batch_loss
+from skyrl_trainers.rng import rng_state, set_rng_state
 
 
 @dataclass
@@ -178,7 +179,7 @@ class TrainWorker:
 
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(Path(folder) / "shards"))
-        torch.save({"scheduler": self.scheduler.state_dict(), "rng": _rng_state()},
+        torch.save({"scheduler": self.scheduler.state_dict(), "rng": rng_state()},
                    Path(folder) / f"worker_rank{self.rank}.pt")
 
     def load_checkpoint(self, folder: str) -> None:
@@ -194,7 +195,7 @@ class TrainWorker:
             extra_path = Path(folder) / "worker_rank0.pt"  # resumed with more ranks than were saved
         extra = torch.load(extra_path, weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
-        _set_rng_state(extra["rng"])
+        set_rng_state(extra["rng"])
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -208,20 +209,6 @@ def accumulate(totals: dict[str, float], values: dict[str, float]) -> None:
             totals[key] = max(totals.get(key, value), value)
         else:
             totals[key] = totals.get(key, 0.0) + value
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def worker_threads(world_size: int) -> int:

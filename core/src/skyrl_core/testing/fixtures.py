@@ -7,6 +7,8 @@
 * ``scripted_engine``: ``scripted_engine(*replies, style="chatml")`` -> a :class:`ScriptedEngine`
   with a real small tokenizer (needs ``skyrl-core[test]``).
 * ``skyrl_cli``: ``skyrl_cli("envs", "--json")`` runs the CLI in-process and returns the result.
+* ``fresh_venv``: a new virtual environment (:class:`skyrl_core.testing.venv.FreshVenv`) to check
+  that a plugin installs and works beside ``skyrl-core`` alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 from skyrl_core.plugins import PluginManager, new_plugin_manager, set_plugin_manager
 from skyrl_core.registry import Provider
+from skyrl_core.testing.venv import FreshVenv
 
 
 @pytest.fixture
@@ -68,3 +71,8 @@ def skyrl_cli(skyrl_plugin_manager: PluginManager) -> Callable[..., Any]:
         return runner.invoke(build_app(), list(args), catch_exceptions=False, **kwargs)
 
     return invoke
+
+
+@pytest.fixture
+def fresh_venv(tmp_path: Any) -> FreshVenv:
+    return FreshVenv(tmp_path / "venv")
