@@ -15,6 +15,16 @@ from skyrl_trainers.models import build_tiny_random, cache_dir
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_cpu_thread():
+    """Decode with one intra-op thread: on a busy 2-core machine, 2-thread OpenMP regions stall for
+    tens of milliseconds per step (a 300-token decode goes from 0.4 s to 15 s). Restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return build_tiny_random()
@@ -286,3 +296,47 @@ async def test_weights_from_an_fsdp2_sharded_policy_are_gathered(tiny, tmp_path)
         assert torch.equal(engine.model.model.norm.weight, model.model.norm.weight * 3.0)
     finally:
         dist.destroy_process_group()
+
+
+async def wait_until_decoding(engine):
+    while not engine.batch_sizes:
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("newcomer_length", ["longer", "shorter"])
+async def test_requests_join_a_running_batch_and_short_ones_return_first(engine, newcomer_length):
+    tokenizer = engine.tokenizer
+    words = {"longer": "apple river stone " * 12, "shorter": "hi"}[newcomer_length]
+    first = chat_prompts(tokenizer, 1)[0]
+    newcomer = tokenizer.apply_chat_template([{"role": "user", "content": words}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+    long_params, short_params = SamplingParams(max_tokens=300, temperature=0), SamplingParams(max_tokens=8,
+                                                                                              temperature=0)
+    expected_long = await engine.generate(first, long_params)
+    expected_short = await engine.generate(newcomer, short_params)
+    engine.batch_sizes.clear()
+
+    long_task = asyncio.create_task(engine.generate(first, long_params))
+    await wait_until_decoding(engine)
+    short = await engine.generate(newcomer, short_params)
+    assert not long_task.done()  # the short request did not wait for the long one
+    long = await long_task
+    assert engine.joined == 1 and engine.batch_sizes == [1]
+    assert short.token_ids == expected_short.token_ids and long.token_ids == expected_long.token_ids
+    assert short.logprobs == pytest.approx(expected_short.logprobs, abs=1e-4)
+    assert long.logprobs == pytest.approx(expected_long.logprobs, abs=1e-4)
+
+
+async def test_weight_update_waits_for_rows_in_flight_and_applies_to_later_requests(engine, tiny):
+    model, _ = tiny
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    params = SamplingParams(max_tokens=300, temperature=0)
+    running = asyncio.create_task(engine.generate(prompt, params))
+    await wait_until_decoding(engine)
+    new_state = {k: v * 1.5 for k, v in model.state_dict().items()}
+    update = asyncio.create_task(engine.update_weights(new_state))
+    await asyncio.sleep(0)
+    later = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0)))
+    before, _, after = await asyncio.gather(running, update, later)
+    assert before.metadata["weight_version"] == 0 and after.metadata["weight_version"] == 1
+    assert engine.joined == 0  # the later request did not join the batch decoding with the old weights

@@ -1,129 +1,183 @@
-"""Collect concurrent async requests into batches and run each batch in one worker thread.
+"""Feed concurrent async requests to one worker thread that decodes them as a continuous batch.
 
-Requests that arrive while a batch is running wait for the next one (static batching per wave).
-All batches, and any other work given to :meth:`RequestBatcher.run_exclusive` such as weight
-updates, run on one thread in submission order, so they never overlap and the event loop stays free.
+Callers on any event loop ``await submit(item)``. One worker thread runs ``decode(items, session)``
+with the requests waiting at that moment (after up to ``wait_s`` for more to arrive). Between decode
+steps the decoder may admit newly arrived requests with ``session.take(n)``, and it hands each
+finished request to ``session.deliver(item, result)`` straight away, so a short answer never waits
+for a long one. Work given to :meth:`ContinuousBatcher.run_exclusive` (weight updates) runs on the same
+thread: the decoder stops admitting requests, finishes the ones in flight, then the work runs before
+any further decoding, so a batch never sees half-updated weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from skyrl_core.engine import EngineError
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
-BatchFn = Callable[[Sequence[Item]], Sequence["Result | BaseException"]]
 
 
-class RequestBatcher(Generic[Item, Result]):
-    """``await submit(item)`` returns that item's entry of ``run_batch([...items])``.
+class Session(Protocol[Item, Result]):
+    """What a decoder sees of the batcher while it runs."""
 
-    ``run_batch`` returns one result per item; an exception in the list fails only its own request,
-    an exception raised by ``run_batch`` fails the whole batch. After the first request of a batch,
-    the batcher waits up to ``wait_s`` for more, up to ``max_batch_size``.
+    @property
+    def closed(self) -> bool: ...
+
+    def take(self, limit: int) -> list[Item]: ...
+
+    def deliver(self, item: Item, result: Result | BaseException) -> None: ...
+
+
+@dataclass
+class _Pending(Generic[Item, Result]):
+    item: Item
+    future: asyncio.Future[Result]
+    loop: asyncio.AbstractEventLoop
+
+
+class ContinuousBatcher(Generic[Item, Result]):
+    """``await submit(item)`` resolves to what ``decode`` delivers for that item.
+
+    ``decode`` must deliver every item it was given or took; an exception it raises fails the
+    requests it has not delivered yet, and the batcher keeps serving new ones.
     """
 
-    def __init__(self, run_batch: BatchFn, *, max_batch_size: int, wait_s: float, name: str = "batcher") -> None:
-        self.run_batch = run_batch
+    def __init__(self, decode: Callable[[list[Item], Session[Item, Result]], None], *, max_batch_size: int,
+                 wait_s: float, name: str = "batcher") -> None:
+        self.decode = decode
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self.batch_sizes: list[int] = []
-        # Queue and task belong to one event loop; a caller on a new loop (a later asyncio.run) gets new ones.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._inflight: list[asyncio.Future[Result]] = []
+        self.batch_sizes: list[int] = []  # requests each decode started with
+        self.joined = 0  # requests admitted into a batch that was already decoding
+        self._cond = threading.Condition()
+        self._inbox: deque[_Pending[Item, Result]] = deque()
+        self._inflight: dict[int, _Pending[Item, Result]] = {}
+        self._draining = False
+        self._exclusive_waiting = 0
+        self._closed = False
 
     async def submit(self, item: Item) -> Result:
-        queue = self._ensure_running()
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        queue.put_nowait((item, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        with self._cond:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._inbox.append(_Pending(item, future, loop))
+            self._cond.notify()
+            start = not self._draining
+            self._draining = True
+        if start:
+            self.executor.submit(self._drain)
         return await future
 
     async def run_exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the batch thread, after the batches submitted before it."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        """Run ``fn(*args)`` on the decode thread once the requests in flight have finished."""
+        with self._cond:
+            self._exclusive_waiting += 1
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._exclusive, fn, args)
 
     def close(self) -> None:
-        """Stop batching; requests still waiting or decoding fail with :class:`EngineError`."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            if loop.is_running() and _running_loop() is not loop:
-                loop.call_soon_threadsafe(self._fail_pending)
-            else:
-                self._fail_pending()
+        """Stop; requests still waiting or decoding fail with :class:`EngineError`."""
+        with self._cond:
+            self._closed = True
+            pending = [*self._inbox, *self._inflight.values()]
+            self._inbox.clear()
+            self._inflight.clear()
+            self._cond.notify_all()
+        for p in pending:
+            _resolve(p, EngineError("the engine was closed before this request finished"))
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def _fail_pending(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        waiting = list(self._inflight)
-        while self._queue is not None and not self._queue.empty():
-            waiting.append(self._queue.get_nowait()[1])
-        for fut in waiting:
-            if not fut.done():
-                fut.set_exception(EngineError("the engine was closed before this request finished"))
+    # --- the session the decoder sees ------------------------------------------------------------
 
-    def _ensure_running(self) -> asyncio.Queue[tuple[Item, asyncio.Future[Result]]]:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._task is None or self._task.done():
-            self._loop = loop
-            self._queue = asyncio.Queue()
-            self._task = loop.create_task(self._loop_forever(self._queue))
-        assert self._queue is not None
-        return self._queue
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
-    async def _loop_forever(self, queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]]) -> None:
+    def take(self, limit: int) -> list[Item]:
+        """Requests that arrived since the batch started (none while an exclusive job waits)."""
+        with self._cond:
+            if self._exclusive_waiting or self._closed:
+                return []
+            items = self._take_locked(limit)
+        self.joined += len(items)
+        return items
+
+    def deliver(self, item: Item, result: Result | BaseException) -> None:
+        with self._cond:
+            pending = self._inflight.pop(id(item), None)
+        if pending is not None:
+            _resolve(pending, result)
+
+    # --- the worker thread -----------------------------------------------------------------------
+
+    def _drain(self) -> None:
         while True:
-            batch = await self._collect(queue)
-            batch = [(item, fut) for item, fut in batch if not fut.cancelled()]
-            if batch:
-                await self._run(batch)
-
-    async def _collect(self, queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]]
-                       ) -> list[tuple[Item, asyncio.Future[Result]]]:
-        batch = [await queue.get()]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_s
-        while len(batch) < self.max_batch_size:
-            if not queue.empty():
-                batch.append(queue.get_nowait())
-                continue
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
+            with self._cond:
+                if self._closed or self._exclusive_waiting or not self._inbox:
+                    # Requests left behind an exclusive job get a new drain queued after it.
+                    self._draining = bool(self._inbox) and not self._closed
+                    if self._draining:
+                        self.executor.submit(self._drain)
+                    return
+                items = self._take_locked(self.max_batch_size)
+                deadline = time.monotonic() + self.wait_s
+                while len(items) < self.max_batch_size and not self._closed:
+                    if self._inbox:
+                        items += self._take_locked(self.max_batch_size - len(items))
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._cond.wait(remaining):
+                        break
+            self.batch_sizes.append(len(items))
             try:
-                batch.append(await asyncio.wait_for(queue.get(), remaining))
-            except asyncio.TimeoutError:
-                break
-        return batch
+                self.decode(items, self)
+            except Exception as exc:  # noqa: BLE001 - handed to the callers of this batch
+                self._fail_inflight(exc)
 
-    async def _run(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
-        self.batch_sizes.append(len(batch))
-        self._inflight = [fut for _, fut in batch]
-        try:
-            results = await self.run_exclusive(self.run_batch, [item for item, _ in batch])
-        except Exception as exc:  # noqa: BLE001 - handed to every waiting caller
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
-            return
-        for (_, fut), result in zip(batch, results, strict=True):
-            if fut.done():
+    def _exclusive(self, fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+        with self._cond:
+            self._exclusive_waiting -= 1
+        return fn(*args)
+
+    def _take_locked(self, limit: int) -> list[Item]:
+        items = []
+        while self._inbox and len(items) < limit:
+            pending = self._inbox.popleft()
+            if pending.future.cancelled():
                 continue
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(result)
+            self._inflight[id(pending.item)] = pending
+            items.append(pending.item)
+        return items
+
+    def _fail_inflight(self, exc: BaseException) -> None:
+        with self._cond:
+            pending = list(self._inflight.values())
+            self._inflight.clear()
+        for p in pending:
+            _resolve(p, exc)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
+def _resolve(pending: _Pending[Any, Any], result: Any) -> None:
+    def settle() -> None:
+        if pending.future.done():
+            return
+        if isinstance(result, BaseException):
+            pending.future.set_exception(result)
+        else:
+            pending.future.set_result(result)
+
     try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+        pending.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the caller's event loop is already closed: nobody is waiting
+        pass

@@ -1,15 +1,17 @@
 """The ``hf`` engine: Hugging Face transformers generation on CPU or GPU, batching concurrent requests.
 
-Concurrent ``generate`` calls are gathered by a :class:`RequestBatcher` and decoded together on one
-worker thread: prompts are left-padded, a prefill forward fills the KV cache (once per distinct
-prompt, so the samples of a GRPO group share it), then one forward per step decodes every
-unfinished row (finished rows are dropped from the batch and the cache). Each row
-keeps its own sampling settings and random generator, so a request with a ``seed`` gives the same
-tokens whatever it is batched with. Logprobs are described in :mod:`skyrl_trainers.engines.sampling`.
+Concurrent ``generate`` calls go to a :class:`~.batcher.ContinuousBatcher`, which decodes them
+together on one worker thread: prompts are left-padded and prefilled in one forward (once per
+distinct prompt, so the samples of a GRPO group share it), then one forward per step decodes every
+unfinished row. A finished request is returned at once and its row leaves the batch and the KV
+cache; requests that arrive meanwhile are prefilled and join the running batch at the next step
+(caches are left-padded to a common length). Each row keeps its own sampling settings and random
+generator, so a request with a ``seed`` gives the same tokens whatever it is batched with.
+Logprobs are described in :mod:`skyrl_trainers.engines.sampling`.
 
-Weight updates (:meth:`HFEngine.update_weights`) run on the same thread between batches, so a batch
-never sees half-updated weights; ``GenerateOutput.metadata["weight_version"]`` counts the updates a
-completion was generated with.
+Weight updates (:meth:`HFEngine.update_weights`) run on the same thread once the rows in flight are
+done (no new rows are admitted meanwhile), so no completion mixes two versions of the weights;
+``GenerateOutput.metadata["weight_version"]`` counts the updates a completion was generated with.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
 
-from skyrl_trainers.engines.batcher import RequestBatcher
+from skyrl_trainers.engines.batcher import ContinuousBatcher, Session
 from skyrl_trainers.engines.sampling import LogprobMode, RowParams, sample_next
 from skyrl_trainers.engines.weights import copy_named_tensors
 
@@ -55,6 +57,43 @@ class _Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: StopReason | None = None
+
+
+@dataclass
+class _Batch:
+    """Rows being decoded together: their KV cache, the logits of their next token, mask and positions."""
+
+    rows: list[_Request]
+    cache: Any
+    logits: torch.Tensor
+    attention_mask: torch.Tensor
+    next_position: torch.Tensor
+
+    def select(self, keep: list[int], device: torch.device) -> _Batch:
+        """The rows at ``keep`` (indices may repeat)."""
+        if keep == list(range(len(self.rows))):
+            return self
+        if keep:
+            index = torch.tensor(keep, device=device)
+            self.cache.batch_select_indices(index)
+            return _Batch([self.rows[i] for i in keep], self.cache, self.logits[index], self.attention_mask[index],
+                          self.next_position[index])
+        return _Batch([], self.cache, self.logits[:0], self.attention_mask[:0], self.next_position[:0])
+
+    def mergeable(self) -> bool:
+        """New rows can join only caches made of plain growing layers (not sliding-window or static ones)."""
+        layers = getattr(self.cache, "layers", None)
+        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+    def merge(self, other: _Batch) -> _Batch:
+        """Both batches as one: the shorter cache and mask are left-padded to the longer one's length."""
+        width = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
+            mine.values = torch.cat([_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)])
+        mask = torch.cat([_pad_left(self.attention_mask, width, 1), _pad_left(other.attention_mask, width, 1)])
+        return _Batch(self.rows + other.rows, self.cache, torch.cat([self.logits, other.logits]), mask,
+                      torch.cat([self.next_position, other.next_position]))
 
 
 class HFEngine:
@@ -93,14 +132,19 @@ class HFEngine:
         self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.weight_version = 0
         self._seeds = random.Random(config.seed)
-        self._batcher: RequestBatcher[_Request, GenerateOutput] = RequestBatcher(
-            self._decode_batch, max_batch_size=config.max_batch_size, wait_s=config.batch_wait_ms / 1000,
+        self._batcher: ContinuousBatcher[_Request, GenerateOutput] = ContinuousBatcher(
+            self._decode, max_batch_size=config.max_batch_size, wait_s=config.batch_wait_ms / 1000,
             name="hf-engine")
 
     @property
     def batch_sizes(self) -> list[int]:
-        """Size of every batch decoded so far (for tests and benchmarks)."""
+        """Requests each decode started with (for tests and benchmarks)."""
         return self._batcher.batch_sizes
+
+    @property
+    def joined(self) -> int:
+        """Requests that joined a batch already decoding."""
+        return self._batcher.joined
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         return await self._batcher.submit(self._request(prompt_ids, params))
@@ -135,38 +179,49 @@ class HFEngine:
         return _Request([int(i) for i in prompt_ids], params, row, room, self.eos_ids | set(params.stop_token_ids))
 
     @torch.inference_mode()
-    def _decode_batch(self, requests: Sequence[_Request]) -> list[GenerateOutput]:
+    def _decode(self, requests: list[_Request], session: Session[_Request, GenerateOutput]) -> None:
+        """Decode until every request is delivered, admitting new arrivals between steps."""
+        batch = self._prefill(requests)
+        while batch.rows and not session.closed:
+            tokens, logprobs = sample_next(batch.logits, [r.row for r in batch.rows], self.config.logprobs_mode)
+            keep = []
+            for i, (request, token, logprob) in enumerate(
+                    zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True)):
+                if self._append(request, token, logprob):
+                    session.deliver(request, self._output(request))
+                else:
+                    keep.append(i)
+            batch = batch.select(keep, self.device)
+            if batch.rows:
+                batch = self._step(batch, tokens[torch.tensor(keep, device=self.device)])
+            room = self.config.max_batch_size - len(batch.rows)
+            if batch.rows and room > 0 and batch.mergeable():
+                arrived = session.take(room)
+                if arrived:
+                    batch = batch.merge(self._prefill(arrived))
+
+    def _prefill(self, requests: list[_Request]) -> _Batch:
+        """One forward over the prompts; requests with the same prompt (a GRPO group) share its row."""
         for request in requests:
             request.weight_version = self.weight_version
-        active = list(requests)
-        # Requests with the same prompt (a GRPO group) share one prefill; its cache rows are then copied.
         unique: dict[tuple[int, ...], int] = {}
-        row_of = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in active]
+        row_of = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in requests]
         input_ids, attention_mask = _left_pad([list(p) for p in unique], self.pad_id, self.device)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                          use_cache=True, logits_to_keep=1)
         cache, logits, next_position = _cache_of(out), out.logits[:, -1, :], positions[:, -1] + 1
-        if len(unique) < len(active):
+        if len(unique) < len(requests):
             index = torch.tensor(row_of, device=self.device)
             cache.batch_select_indices(index)
             logits, attention_mask, next_position = logits[index], attention_mask[index], next_position[index]
-        while True:
-            tokens, logprobs = sample_next(logits, [r.row for r in active], self.config.logprobs_mode)
-            keep = [i for i, (r, t, lp) in enumerate(zip(active, tokens.tolist(), logprobs.tolist(), strict=True))
-                    if not self._append(r, t, lp)]
-            if not keep:
-                break
-            if len(keep) < len(active):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                active = [active[i] for i in keep]
-                tokens, attention_mask, next_position = tokens[index], attention_mask[index], next_position[index]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=attention_mask,
-                             position_ids=next_position[:, None], use_cache=True, **{self.cache_kwarg: cache})
-            cache, logits, next_position = _cache_of(out), out.logits[:, -1, :], next_position + 1
-        return [self._output(r) for r in requests]
+        return _Batch(list(requests), cache, logits, attention_mask, next_position)
+
+    def _step(self, batch: _Batch, tokens: torch.Tensor) -> _Batch:
+        mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones(len(batch.rows), 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=batch.next_position[:, None],
+                         use_cache=True, **{self.cache_kwarg: batch.cache})
+        return _Batch(batch.rows, _cache_of(out), out.logits[:, -1, :], mask, batch.next_position + 1)
 
     def _append(self, request: _Request, token: int, logprob: float) -> bool:
         """Record one sampled token; True when the request is finished."""
@@ -215,6 +270,16 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
 def _cache_of(output: Any) -> Any:
     cache = getattr(output, "cache", None)
     return cache if cache is not None else output.past_key_values
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Zeros prepended along ``dim`` up to ``width`` (zeros in a mask mean "do not attend")."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _left_pad(rows: Sequence[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
