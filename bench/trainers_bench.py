@@ -4,7 +4,8 @@ Generation (16 chat prompts, greedy, ``--max-tokens`` new tokens each):
   * baseline: ``model.generate`` called once per request, one after another;
   * ``model.generate`` on one left-padded batch of all 16;
   * hf engine, one request at a time;
-  * hf engine, 16 concurrent requests (batched by the engine).
+  * hf engine, 16 concurrent requests (batched by the engine);
+  * hf engine, 16 requests arriving 20 ms apart (each joins the batch already decoding).
 Training (the 16 prompt+response pairs from the engine, GRPO-style advantages):
   * baseline: a bare forward / token log-likelihood loss / backward / AdamW step on an unwrapped model;
   * one ``fsdp_grpo`` step: ``TrainWorker.train_step`` (FSDP2, world size 1, PPO-clip, token mean).
@@ -159,6 +160,17 @@ def engine_concurrent(engine, prompts, params) -> tuple[int, list]:
     return sum(len(o.token_ids) for o in outs), outs
 
 
+def engine_staggered(engine, prompts, params, gap_s: float) -> int:
+    """Requests arriving ``gap_s`` apart, as turns of multi-turn episodes do: they join the running batch."""
+    async def one(i: int, prompt: list[int]):
+        await asyncio.sleep(i * gap_s)
+        return await engine.generate(prompt, params)
+
+    async def run():
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    return sum(len(o.token_ids) for o in asyncio.run(run()))
+
+
 def bench_generation(name: str, model, tokenizer, device: str, max_tokens: int) -> list:
     prompts = prompts_for(tokenizer)
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
@@ -177,7 +189,9 @@ def bench_generation(name: str, model, tokenizer, device: str, max_tokens: int) 
                 measure("model.generate, one padded batch of 16", device,
                         lambda: hf_generate_batch(model, tokenizer, prompts, max_tokens))]
     rows += [measure("hf engine, 1 request at a time", device, lambda: engine_sequential(engine, prompts, params)[0]),
-             measure("hf engine, 16 concurrent requests (batched)", device, concurrent)]
+             measure("hf engine, 16 concurrent requests (batched)", device, concurrent),
+             measure("hf engine, 16 requests 20 ms apart (joining)", device,
+                     lambda: engine_staggered(engine, prompts, params, 0.02))]
     engine.close()
     print_table(f"Generation: {name} on {device}, 16 prompts, greedy, max {max_tokens} new tokens", rows, "tokens")
     return [p + o.token_ids for p, o in zip(prompts, outputs, strict=True)], [len(p) for p in prompts], outputs

@@ -340,3 +340,19 @@ async def test_weight_update_waits_for_rows_in_flight_and_applies_to_later_reque
     before, _, after = await asyncio.gather(running, update, later)
     assert before.metadata["weight_version"] == 0 and after.metadata["weight_version"] == 1
     assert engine.joined == 0  # the later request did not join the batch decoding with the old weights
+
+
+async def test_a_failing_forward_fails_its_batch_and_the_engine_keeps_serving(engine):
+    prompts = chat_prompts(engine.tokenizer, 3)
+    failures = []
+
+    def fail_once(*_):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("CUDA out of memory (simulated by a forward hook)")
+
+    handle = engine.model.register_forward_hook(fail_once)
+    results = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts), return_exceptions=True)
+    handle.remove()
+    assert all(isinstance(r, RuntimeError) and "out of memory" in str(r) for r in results)
+    assert (await engine.generate(prompts[0], GREEDY)).token_ids
