@@ -70,7 +70,7 @@ class _Batch:
     next_position: torch.Tensor
 
     def select(self, keep: list[int], device: torch.device) -> _Batch:
-        """The rows at ``keep`` (indices may repeat)."""
+        """Only the rows at ``keep`` (finished rows leave the batch and the cache)."""
         if keep == list(range(len(self.rows))):
             return self
         if keep:
@@ -150,7 +150,7 @@ class HFEngine:
         return await self._batcher.submit(self._request(prompt_ids, params))
 
     async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        """Copy new weights into the model in place, between batches (see ``weights.copy_named_tensors``)."""
+        """Copy new weights into the model in place once the rows in flight are done (see ``copy_named_tensors``)."""
         await self._batcher.run_exclusive(self._copy_weights, named_tensors)
 
     def close(self) -> None:
