@@ -38,6 +38,13 @@ def engine(tiny):
     engine.close()
 
 
+def batching_engine(engine, size):
+    """An engine on the same model that starts decoding only once ``size`` requests are in (or after 5 s),
+    so a test's concurrent requests form one batch however slowly a loaded machine schedules them."""
+    return HFEngine.from_model(engine.model, engine.tokenizer,
+                               HFEngineConfig(max_batch_size=size, batch_wait_ms=5000))
+
+
 def chat_prompts(tokenizer, n):
     """``n`` chat prompts of different lengths."""
     texts = [("reverse " + "apple river stone " * (i % 5)).strip() + f" #{i}" for i in range(n)]
@@ -62,14 +69,16 @@ def count_forwards(model):
 async def test_sixteen_concurrent_requests_decode_as_one_batch_with_unbatched_results(engine):
     prompts = chat_prompts(engine.tokenizer, 16)
     alone = [await engine.generate(p, GREEDY) for p in prompts]
+    batching = batching_engine(engine, 16)
     forwards = count_forwards(engine.model)
-    together = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
-    assert engine.batch_sizes[-1] == 16
+    together = await asyncio.gather(*(batching.generate(p, GREEDY) for p in prompts))
+    assert batching.batch_sizes == [16] and batching.joined == 0
     assert len(forwards) <= GREEDY.max_tokens  # one prefill + one forward per further token, for all 16
     for a, b in zip(alone, together, strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
     assert len({tuple(o.token_ids) for o in together}) > 1  # the model answers prompts differently
+    batching.close()
 
 
 async def test_greedy_logprobs_are_the_models_own(engine):
@@ -266,11 +275,13 @@ async def test_samples_of_one_prompt_share_a_single_prefill(engine):
     prefill_rows = []
     engine.model.register_forward_pre_hook(lambda _, args, kwargs: prefill_rows.append(kwargs["input_ids"].shape),
                                            with_kwargs=True)
-    grouped = await asyncio.gather(*(engine.generate(p, s) for p in prompts for s in params))
+    batching = batching_engine(engine, 8)
+    grouped = await asyncio.gather(*(batching.generate(p, s) for p in prompts for s in params))
     assert prefill_rows[0][0] == 2  # two distinct prompts prefilled, eight rows decoded
     assert prefill_rows[1][0] == 8 and prefill_rows[1][1] == 1
     assert [o.token_ids for o in grouped] == [o.token_ids for o in alone]
     assert len({tuple(o.token_ids) for o in grouped[:4]}) > 1  # different seeds, different samples
+    batching.close()
 
 
 async def test_weights_from_an_fsdp2_sharded_policy_are_gathered(tiny, tmp_path):
