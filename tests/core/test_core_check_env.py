@@ -7,7 +7,6 @@ import threading
 
 import pytest
 from core_envs import CountdownEnv
-
 from skyrl_core import StepResult
 from skyrl_core.testing import EnvCheckError, check_env
 

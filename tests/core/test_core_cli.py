@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from core_envs import ScriptedEnginePlugin, TestEnvsPlugin
-
 from skyrl_core.trajectory import read_jsonl
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from skyrl_core.config import build_config, load_yaml, parse_overrides
 from skyrl_core.factory import ConfigError
 from skyrl_core.registry import RegistryError
@@ -97,7 +96,6 @@ def test_env_spec_can_name_its_default_generator(skyrl_plugin_manager, register_
 
 def test_nested_config_errors_name_the_nested_keys():
     from pydantic import BaseModel, ConfigDict
-
     from skyrl_core.factory import validate_config
 
     class Limits(BaseModel):

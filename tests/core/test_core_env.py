@@ -7,7 +7,6 @@ import pickle
 
 import gymnasium
 import pytest
-
 from skyrl_core import EnvConfig, RewardFn, Rubric, StepResult, TextEnv, Trajectory, TrajectoryBatch, Turn
 from skyrl_core.trajectory import read_jsonl
 

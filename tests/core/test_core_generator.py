@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from core_envs import TestEnvsPlugin
-
 from skyrl_core.chat import ChatRenderer, render_ids
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 
@@ -31,12 +30,12 @@ async def test_three_turn_episode_is_token_exact(scripted_engine, style):
     tok = engine.tokenizer
     renderer = ChatRenderer(tok)
     # The generated ids are exactly what the engine returned, in order, with mask 1.
-    generated = [i for i, m in zip(traj.response_ids, traj.loss_mask) if m == 1]
+    generated = [i for i, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m == 1]
     expected_generated = [t for out in engine_outputs(engine, tok) for t in out]
     assert generated == expected_generated
     assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
-    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 0)
-    assert all(lp == -0.25 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 1)
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 0)
+    assert all(lp == -0.25 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 1)
     # A full re-render of the conversation equals prompt + response (plus the template's turn trailer).
     full = render_ids(tok, traj.messages, add_generation_prompt=False)
     assert traj.prompt_ids + traj.response_ids + renderer.turn_trailer == full

@@ -11,7 +11,6 @@ import types
 import pluggy
 import pytest
 from core_envs import TestEnvsPlugin
-
 from skyrl_core import EnvSpec, hookimpl
 from skyrl_core.plugins import new_plugin_manager
 from skyrl_core.registry import Provider, RegistryError
@@ -47,7 +46,7 @@ def test_same_id_from_two_distributions_is_a_hard_error_naming_both(skyrl_plugin
 
     register_skyrl_plugin(Impostor(), name="skyrl-impostor", version="9.9")
     with pytest.raises(RegistryError) as err:
-        skyrl_plugin_manager.registry
+        _ = skyrl_plugin_manager.registry
     message = str(err.value)
     assert "'reverse_text' is registered twice" in message
     assert "skyrl-reverse-text 0.1.0" in message and "skyrl-impostor 9.9" in message

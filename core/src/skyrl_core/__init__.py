@@ -34,8 +34,15 @@ if TYPE_CHECKING:
     from skyrl_core.factory import ConfigError, make_env
     from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
     from skyrl_core.plugins import get_plugin_manager, get_registry
-    from skyrl_core.registry import (ComponentSpec, EngineSpec, EnvSpec, GeneratorSpec, Registry,
-                                     RegistryError, TrainerSpec)
+    from skyrl_core.registry import (
+        ComponentSpec,
+        EngineSpec,
+        EnvSpec,
+        GeneratorSpec,
+        Registry,
+        RegistryError,
+        TrainerSpec,
+    )
     from skyrl_core.rewards import RewardFn, Rubric
     from skyrl_core.trajectory import Trajectory, TrajectoryBatch, Turn
 

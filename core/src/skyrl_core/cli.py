@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -44,7 +44,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 def plugins_command(all: bool = typer.Option(False, "--all", help="Include core's built-in plugin.")) -> None:
     """Print installed plugins as JSON: name, version, module, hooks, and the error of any that failed."""
     pm = get_plugin_manager()
-    pm.registry  # building the registry runs the register hooks, which records their failures
+    _ = pm.registry  # building the registry runs the register hooks, which records their failures
     typer.echo(json.dumps([r.to_dict() for r in pm.records(include_builtins=all)], indent=2))
 
 
@@ -82,7 +82,7 @@ def _listing_command(kind: Kind) -> Any:
 def check_command(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. rlm_repl."),
     n_tasks: int = typer.Option(2, help="Built-in dataset rows to check the gold actions on."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
+    overrides: list[str] | None = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
 ) -> None:
     """Run the env conformance checker (skyrl_core.testing.check_env) and print each check."""
     from skyrl_core.config import parse_overrides
@@ -105,7 +105,7 @@ def check_command(
         raise typer.Exit(1)
 
 
-def _config_layers(env: str, config_file: Optional[Path], overrides: Optional[list[str]],
+def _config_layers(env: str, config_file: Path | None, overrides: list[str] | None,
                    flags: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     from skyrl_core.config import load_yaml, parse_overrides
 
@@ -118,15 +118,15 @@ def _config_layers(env: str, config_file: Optional[Path], overrides: Optional[li
 def rollout_command(
     env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
     engine: str = typer.Option("hf", "--engine", help="Engine id (see `skyrl engines`)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name or path for the engine."),
-    generator: str = typer.Option("default", "--generator", help="Generator id."),
+    model: str | None = typer.Option(None, "--model", help="Model name or path for the engine."),
+    generator: str | None = typer.Option(None, "--generator", help="Generator id; default: the env's own or 'default'."),
     n_tasks: int = typer.Option(8, "--n-tasks", help="Tasks to run (0 = all)."),
     samples: int = typer.Option(1, "--samples", help="Episodes per task."),
     split: str = typer.Option("test", "--split", help="Built-in dataset split."),
-    tasks: Optional[Path] = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
+    tasks: Path | None = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
     out: Path = typer.Option(Path("rollouts.jsonl"), "--out", help="Where to write the trajectories (JSONL)."),
-    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML run config."),
-    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+    config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
+    overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
     """Run episodes without training, write trajectories to JSONL and print a reward summary."""
     import asyncio
@@ -136,7 +136,8 @@ def rollout_command(
     from skyrl_core.engine import EngineError
     from skyrl_core.factory import ConfigError, env_class
 
-    flags = {"engine": {"id": engine, **({"model": model} if model else {})}, "generator": {"id": generator}}
+    flags = {"engine": {"id": engine, **({"model": model} if model else {})},
+             "generator": {"id": generator} if generator else {}}
     pm = get_plugin_manager()
     try:
         cfg = build_config(*_config_layers(env, config_file, overrides, flags), registry=pm.registry, need_trainer=False)
@@ -157,8 +158,9 @@ def rollout_command(
         finally:
             pm.unregister(progress)
     batch.to_jsonl(out)
-    from skyrl_core.metrics import format_metrics_table
     from rich.console import Console
+
+    from skyrl_core.metrics import format_metrics_table
 
     Console().print(format_metrics_table("rollout summary", {**batch.metrics, **_mean_env_metrics(batch)}))
     typer.echo(f"wrote {len(batch)} trajectories to {out}")
@@ -201,10 +203,10 @@ def _mean_env_metrics(batch: Any) -> dict[str, float]:
 def run_command(
     env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
     trainer: str = typer.Option(..., "--trainer", help="Trainer id (see `skyrl trainers`), e.g. fsdp_grpo."),
-    model: Optional[str] = typer.Option(None, "--model", help="Policy model (sets trainer.model)."),
-    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML run config."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this folder."),
-    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+    model: str | None = typer.Option(None, "--model", help="Policy model (sets trainer.model)."),
+    config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder."),
+    overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
     """Train a policy on an env: resolves env, generator, engine and trainer through the registry."""
     from skyrl_core.config import build_config

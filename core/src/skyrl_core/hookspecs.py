@@ -15,7 +15,8 @@ Plugins import :data:`skyrl_core.hookimpl` and never pluggy itself::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -70,7 +71,7 @@ def register_inference_engines(register: Register) -> None:
 
 
 @hookspec
-def register_commands(cli: "typer.Typer") -> None:
+def register_commands(cli: typer.Typer) -> None:
     """Add sub-commands to the ``skyrl`` command line.
 
     Fires once when the CLI is built, before arguments are parsed. Use ``@cli.command()``; keep
@@ -82,7 +83,7 @@ def register_commands(cli: "typer.Typer") -> None:
 
 
 @hookspec
-def on_rollout_end(trajectory: "Trajectory") -> None:
+def on_rollout_end(trajectory: Trajectory) -> None:
     """Called after every finished episode (root or child) with its trajectory.
 
     Fires from the generator's event loop, so it must not block. Use it for custom logging or

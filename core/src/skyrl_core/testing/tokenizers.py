@@ -12,7 +12,7 @@ Needs ``transformers`` and ``tokenizers`` (``pip install 'skyrl-core[test]'``).
 from __future__ import annotations
 
 import string
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 CHATML_TEMPLATE = (
@@ -44,7 +44,7 @@ Observation: Error: no such table. Correct! Wrong answer, try again. Reward 1.0 
 """
 
 
-@lru_cache(maxsize=None)
+@cache
 def _build(style: str, vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

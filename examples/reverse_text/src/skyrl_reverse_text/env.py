@@ -12,7 +12,6 @@ import re
 from typing import Any
 
 from pydantic import Field
-
 from skyrl_core import EnvConfig, StepResult, TextEnv
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -47,7 +46,7 @@ class ReverseTextEnv(TextEnv):
         answer = match.group(1).strip()
         if answer == target:
             return StepResult([], 1.0, True, False, {"format_ok": True, "correct": True})
-        prefix = next((i for i, (a, b) in enumerate(zip(answer, target)) if a != b), min(len(answer), len(target)))
+        prefix = next((i for i, (a, b) in enumerate(zip(answer, target, strict=False)) if a != b), min(len(answer), len(target)))
         reward = self.config.partial_credit * prefix / len(target)
         feedback = f"Not quite: the first {prefix} characters are right. Try again."
         return StepResult([{"role": "user", "content": feedback}], reward, False, False,
