@@ -12,7 +12,6 @@ import time
 
 from rich.console import Console
 from rich.table import Table
-
 from skyrl_core import EnvSpec, StepResult, TextEnv, hookimpl
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.plugins import get_plugin_manager
