@@ -181,3 +181,15 @@ async def test_env_spec_stop_strings_reach_the_engine(scripted_engine, register_
     gen = make_generator(engine, env_id="stop_env", stop=["</x>", "</sql>"])
     assert gen.sampling_params(8).stop == ["</x>", "</sql>"]
     assert make_generator(engine, env_id="stop_env").sampling_params(8).stop == ["</sql>"]
+
+
+async def test_episode_stop_ends_an_episode_cleanly(scripted_engine):
+    from skyrl_core.generator import EpisodeStop
+
+    def out_of_budget(ids):
+        raise EpisodeStop("token_budget", "tree budget spent")
+
+    engine = scripted_engine("no tags", out_of_budget)
+    (traj,) = (await make_generator(engine, max_turns=3).generate([{"text": "apple"}])).trajectories
+    assert traj.stop_reason == "token_budget" and traj.error is None
+    assert len(traj.turns) == 1 and sum(traj.loss_mask) == traj.turns[0].generated_tokens

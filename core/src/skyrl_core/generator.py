@@ -27,6 +27,18 @@ from skyrl_core.trajectory import Trajectory, TrajectoryBatch, Turn
 log = logging.getLogger(__name__)
 
 
+class EpisodeStop(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raise from an engine wrapper, env or generator subclass to end an episode cleanly.
+
+    The episode keeps what it has, gets ``stop_reason`` and no ``error``, so it is still trained
+    (e.g. a tree-wide token budget running out).
+    """
+
+    def __init__(self, stop_reason: str, message: str = "") -> None:
+        super().__init__(message or stop_reason)
+        self.stop_reason = stop_reason
+
+
 class GeneratorConfig(BaseModel):
     """Options of the ``default`` generator (section ``generator`` of a run config)."""
 
@@ -107,6 +119,8 @@ class MultiTurnGenerator:
             messages, _ = await asyncio.to_thread(env.reset, seed=seed, options={"task": trajectory.task})
             trajectory.messages = list(messages)
             await self._play(env, trajectory)
+        except EpisodeStop as stop:
+            trajectory.stop_reason = stop.stop_reason
         except Exception as exc:  # noqa: BLE001 - isolate the failure to this episode
             trajectory.error = f"{type(exc).__name__}: {exc}"
             trajectory.stop_reason = "error"

@@ -10,11 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
+from skyrl_core.generator import EpisodeStop
+
 from skyrl_rlm_repl.config import SubcallLimits
 
 
-class TokenBudgetExhausted(RuntimeError):
-    """The rollout tree has generated ``max_total_tokens`` tokens; its episodes stop."""
+class TokenBudgetExhausted(EpisodeStop):
+    """The rollout tree has generated ``max_total_tokens`` tokens; its episodes stop (trainably)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("token_budget", message)
 
 
 class RolloutBudget:

@@ -165,9 +165,6 @@ class RLMTreeGenerator(MultiTurnGenerator):
             await super().run_episode(trajectory)
         finally:
             _NODE.reset(token)
-        if trajectory.error is not None and trajectory.error.startswith(f"{TokenBudgetExhausted.__name__}:"):
-            # The policy spent the tree's budget: a normal, trainable ending (reward 0 unless it answered).
-            trajectory.error, trajectory.stop_reason = None, "token_budget"
         if node.root_id == trajectory.id:
             trajectory.metrics.update(_tree_totals(node))
             if self.judge is not None:
