@@ -23,6 +23,9 @@ class CountdownEnv(TextEnv):
     def gold_actions(self) -> list[str]:
         return ["done"]
 
+    def get_metrics(self) -> dict[str, float]:
+        return {"turns_seen": float(self.turn)}
+
     @classmethod
     def load_dataset(cls, split: str = "train", config: Any = None) -> list[dict[str, Any]]:
         return [{"id": f"c{i}", "n": i} for i in range(4)]

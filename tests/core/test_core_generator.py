@@ -193,3 +193,10 @@ async def test_episode_stop_ends_an_episode_cleanly(scripted_engine):
     (traj,) = (await make_generator(engine, max_turns=3).generate([{"text": "apple"}])).trajectories
     assert traj.stop_reason == "token_budget" and traj.error is None
     assert len(traj.turns) == 1 and sum(traj.loss_mask) == traj.turns[0].generated_tokens
+
+
+async def test_env_metrics_are_averaged_into_the_batch_metrics(scripted_engine, test_envs):
+    engine = scripted_engine("go", "done", "done")
+    batch = await make_generator(engine, env_id="countdown", max_turns=3).generate([{"n": 1}, {"n": 2}])
+    assert [t.metrics["turns_seen"] for t in batch] == [2.0, 1.0]
+    assert batch.metrics["env/turns_seen"] == 1.5

@@ -162,7 +162,7 @@ def rollout_command(
 
     from skyrl_core.metrics import format_metrics_table
 
-    Console().print(format_metrics_table("rollout summary", {**batch.metrics, **_mean_env_metrics(batch)}))
+    Console().print(format_metrics_table("rollout summary", batch.metrics))
     typer.echo(f"wrote {len(batch)} trajectories to {out}")
 
 
@@ -190,14 +190,6 @@ class _RolloutProgress:
 from skyrl_core.hookspecs import hookimpl  # noqa: E402
 
 _RolloutProgress.on_rollout_end = hookimpl(_RolloutProgress.on_rollout_end)  # type: ignore[method-assign]
-
-
-def _mean_env_metrics(batch: Any) -> dict[str, float]:
-    sums: dict[str, list[float]] = {}
-    for trajectory in batch.roots():
-        for key, value in trajectory.metrics.items():
-            sums.setdefault(f"env/{key}", []).append(value)
-    return {key: sum(values) / len(values) for key, values in sums.items()}
 
 
 def run_command(

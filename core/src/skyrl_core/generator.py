@@ -228,8 +228,17 @@ def _safe_close(env: TextEnv) -> None:
         log.warning("close() of %s failed", type(env).__name__, exc_info=True)
 
 
+def mean_env_metrics(episodes: Sequence[Trajectory]) -> dict[str, float]:
+    """``env/<name>``: the mean over episodes of each per-episode metric (from ``env.get_metrics()``)."""
+    values: dict[str, list[float]] = {}
+    for episode in episodes:
+        for key, value in episode.metrics.items():
+            values.setdefault(f"env/{key}", []).append(value)
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
 def rollout_metrics(episodes: Sequence[Trajectory], seconds: float) -> dict[str, float]:
-    """Batch-level summary: reward mean/std, turns, generated tokens, errors, throughput."""
+    """Batch-level summary: env metric means, reward mean/std, turns, generated tokens, errors, throughput."""
     if not episodes:
         return {}
     rewards = [t.reward for t in episodes]
@@ -237,6 +246,7 @@ def rollout_metrics(episodes: Sequence[Trajectory], seconds: float) -> dict[str,
     std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
     generated = sum(sum(t.loss_mask) for t in episodes)
     return {
+        **mean_env_metrics(episodes),
         "reward/mean": mean, "reward/std": std, "reward/max": max(rewards), "reward/min": min(rewards),
         "rollout/turns_mean": sum(len(t.turns) for t in episodes) / len(episodes),
         "rollout/response_tokens_mean": generated / len(episodes),
