@@ -15,7 +15,7 @@ TASKS = [{"n": 1}]
 
 def test_good_env_passes():
     report = check_env(CountdownEnv, tasks=TASKS, config={"max_turns": 3})
-    assert not report.failed and "gold[0]" in report.passed
+    assert not report.failed and {"gold[0]", "action:empty_at_turn_limit"} <= set(report.passed)
 
 
 class RaisesOnGarbage(CountdownEnv):
@@ -46,6 +46,18 @@ class SilentOnBadAction(CountdownEnv):
         return StepResult([], 0.0, False, False, {})
 
 
+class RejectRaisesAtTheLastTurn(CountdownEnv):
+    def reject_action(self, problem):
+        if self.turn >= self.max_turns:
+            raise LookupError("no score for an empty episode")
+        return super().reject_action(problem)
+
+
+class RejectOutOfRange(CountdownEnv):
+    def reject_action(self, problem):
+        return super().reject_action(problem)._replace(reward=-5.0)
+
+
 class NeverEnds(CountdownEnv):
     def step(self, action):
         return StepResult([{"role": "user", "content": "more"}], 0.0, False, False, {})
@@ -58,6 +70,9 @@ class NeverEnds(CountdownEnv):
     (Unpicklable, "pickle: raised TypeError"),
     (SilentOnBadAction, "got no observation"),
     (NeverEnds, "turn_limit: episode still running after max_turns=3"),
+    (RejectRaisesAtTheLastTurn, "action:empty_at_turn_limit: a bad action must get an observation, not an "
+                                "infrastructure error: LookupError"),
+    (RejectOutOfRange, "action:empty: reward -5.0 is outside reward_range"),
 ])
 def test_broken_envs_fail_with_a_named_check(env_cls, expected):
     with pytest.raises(EnvCheckError) as err:

@@ -60,6 +60,48 @@ def test_bad_actions_get_an_observation_not_an_exception(action, message):
     assert not result.terminated and "invalid_action" in result.info
 
 
+class PenalisingEnv(EchoEnv):
+    """Scores a rejected action with its own penalty, as an env with a format penalty does."""
+
+    reward_range = (-1.0, 1.0)
+
+    def reject_action(self, problem):
+        return StepResult([{"role": "user", "content": f"Penalised: {problem}"}], -1.0, False, False,
+                          {"problem": problem})
+
+
+@pytest.mark.parametrize("use_astep", [False, True])
+@pytest.mark.parametrize("action, message", [("", "empty"), (" \n", "empty"), (None, "must be text"),
+                                             ("x" * 101, "101 characters; the limit is 100")])
+def test_rejected_actions_reach_the_envs_reject_action(action, message, use_astep):
+    env = make(PenalisingEnv, max_action_chars=100)
+    play = (lambda a: asyncio.run(env.astep(a))) if use_astep else env.step
+    result = play(action)
+    assert result.reward == -1.0 and message in result.info["problem"]
+    assert result.observation == [{"role": "user", "content": f"Penalised: {result.info['problem']}"}]
+    assert not (result.terminated or result.truncated)
+    play("a")
+    last = play(action)  # turn 3 of 3: the env's penalty still applies and the turn limit still truncates
+    assert (last.reward, last.terminated, last.truncated) == (-1.0, False, True)
+    assert last.info["truncated_reason"] == "turn limit (3) reached"
+
+
+def test_by_default_a_rejected_action_at_the_turn_limit_scores_0_and_truncates():
+    env = make(max_turns=1)
+    result = env.step("")
+    assert (result.reward, result.terminated, result.truncated) == (0.0, False, True)
+    assert "empty" in result.observation[0]["content"] and "invalid_action" in result.info
+
+
+def test_an_exception_in_reject_action_ends_the_episode_with_an_error():
+    class Broken(EchoEnv):
+        def reject_action(self, problem):
+            raise KeyError("no scorer")
+
+    result = make(Broken).step("")
+    assert result.truncated and result.info["error"] == "KeyError: 'no scorer'"
+
+
 def test_turn_limit_truncates():
     env = make()
     results = [env.step("a") for _ in range(3)]

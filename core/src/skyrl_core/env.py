@@ -3,8 +3,9 @@
 Subclasses implement :meth:`TextEnv.build_prompt` (the opening messages for the current task) and
 :meth:`TextEnv.take_action` (or the coroutine :meth:`TextEnv.atake_action` for envs that await I/O).
 The base class keeps the Gymnasium contract around them: turn counting, turn-limit truncation,
-rejection of non-text/empty/huge actions with an explanatory observation, and turning an
-exception inside the env into ``truncated=True`` with ``info["error"]`` instead of a crash.
+rejection of non-text/empty/huge actions (answered by :meth:`TextEnv.reject_action`, which an env
+overrides to score them like its other malformed turns), and turning an exception inside the env
+into ``truncated=True`` with ``info["error"]`` instead of a crash.
 """
 
 from __future__ import annotations
@@ -85,6 +86,18 @@ class TextEnv(gymnasium.Env):
         """Async form of :meth:`take_action`; override in envs that await I/O or sub-calls."""
         return await asyncio.to_thread(self.take_action, action)
 
+    def reject_action(self, problem: str) -> StepResult:
+        """Answer an action rejected before :meth:`take_action` saw it (not text, empty, too long).
+
+        ``problem`` says what was wrong, e.g. ``"Your response was empty. Reply with text."``; the
+        action itself is not passed on (an over-long one is never read). The default shows
+        ``problem`` as the observation with reward 0 and ``info["invalid_action"]``. Envs that
+        penalise malformed output override this so an empty reply cannot dodge the penalty.
+        Turn counting and turn-limit truncation still apply to the result. It runs on the caller's
+        thread (inside :meth:`astep` too), so it must not block on I/O.
+        """
+        return StepResult([{"role": "user", "content": problem}], 0.0, False, False, {"invalid_action": problem})
+
     def gold_actions(self) -> list[str] | None:
         """Actions that solve the current task with full reward (for ``check_env``), if known."""
         return None
@@ -110,22 +123,20 @@ class TextEnv(gymnasium.Env):
         return self.build_prompt(), {"max_turns": self.max_turns}
 
     def step(self, action: str) -> StepResult:
-        early = self._before_action(action)
-        if early is not None:
-            return early
+        problem = self._start_turn(action)
         try:
-            result = self.take_action(action)
+            result = self.take_action(action) if problem is None else self.reject_action(problem)
         except Exception as exc:  # noqa: BLE001 - an env bug ends this episode, not the batch
             return self._failed(exc)
         return self._after_action(result)
 
     async def astep(self, action: str) -> StepResult:
         """Async twin of :meth:`step`; generators always call this one."""
-        early = self._before_action(action)
-        if early is not None:
-            return early
+        problem = self._start_turn(action)
         try:
-            if type(self).atake_action is TextEnv.atake_action:
+            if problem is not None:
+                result = self.reject_action(problem)
+            elif type(self).atake_action is TextEnv.atake_action:
                 result = await asyncio.to_thread(self.take_action, action)
             else:
                 result = await self.atake_action(action)
@@ -133,22 +144,19 @@ class TextEnv(gymnasium.Env):
             return self._failed(exc)
         return self._after_action(result)
 
-    def _before_action(self, action: Any) -> StepResult | None:
+    def _start_turn(self, action: Any) -> str | None:
+        """Count the turn; what is wrong with ``action`` if it must be rejected unread, else ``None``."""
         if self.done:
             raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
         self.turn += 1
-        problem = None
         if not isinstance(action, str):
-            problem = f"Your response must be text, got {type(action).__name__}."
-        elif not action.strip():
-            problem = "Your response was empty. Reply with text."
-        elif len(action) > self.config.max_action_chars:
-            problem = (f"Your response was {len(action):,} characters; the limit is "
-                       f"{self.config.max_action_chars:,}. It was not read.")
-        if problem is None:
-            return None
-        return self._after_action(StepResult([{"role": "user", "content": problem}], 0.0, False, False,
-                                             {"invalid_action": problem}))
+            return f"Your response must be text, got {type(action).__name__}."
+        if not action.strip():
+            return "Your response was empty. Reply with text."
+        if len(action) > self.config.max_action_chars:
+            return (f"Your response was {len(action):,} characters; the limit is "
+                    f"{self.config.max_action_chars:,}. It was not read.")
+        return None
 
     def _after_action(self, result: StepResult) -> StepResult:
         obs, reward, terminated, truncated, info = result

@@ -2,9 +2,11 @@
 
 It plays short episodes and checks: the Gymnasium return shapes and types; that empty, garbage,
 huge and unclosed-tag actions get an observation instead of an exception or an infrastructure
-error; that the turn limit truncates; that a seed makes episodes repeat exactly; that the env's
-``gold_actions()`` reach the top of its reward range; that a fresh env pickles (remote workers);
-that the async ``astep`` agrees with ``step``; and that ``close()`` can be called twice.
+error, and that an empty action at the last turn (answered by ``TextEnv.reject_action``) still
+ends the episode within the reward range; that the turn limit truncates; that a seed makes
+episodes repeat exactly; that the env's ``gold_actions()`` reach the top of its reward range;
+that a fresh env pickles (remote workers); that the async ``astep`` agrees with ``step``; and
+that ``close()`` can be called twice.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     for name in HOSTILE_ACTIONS:
         checks.append((f"action:{name}", lambda n=name: _check_action(cls, config, tasks[0], seed, HOSTILE_ACTIONS[n])))
     checks.append(("action:huge", lambda: _check_action(cls, config, tasks[0], seed, "x" * (config.max_action_chars + 1))))
+    checks.append(("action:empty_at_turn_limit",
+                   lambda: _check_action(cls, config, tasks[0], seed, "", turn=config.max_turns)))
     for i, task in enumerate(tasks):
         checks.append((f"gold[{i}]", lambda t=task: _check_gold(cls, config, t, seed)))
     for name, check in checks:
@@ -133,11 +137,16 @@ def _check_pickle(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any]
     return None
 
 
-def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int, action: str) -> str | None:
+def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int, action: str,
+                  turn: int = 1) -> str | None:
+    """Play ``action`` as turn number ``turn`` (earlier turns say "I am not sure.")."""
     with _Episode(cls, config, task, seed) as (env, (obs, info)):
         problem = _messages_problem(obs, "reset() observation") or (None if isinstance(info, dict) else "reset() info must be a dict")
         if problem:
             return problem
+        _play(env, ["I am not sure."] * (turn - 1))
+        if env.done:
+            return "skip"  # the episode ended before the turn under test
         result = env.step(action)
         problem = _shape_problem(result)
         if problem:
@@ -146,6 +155,8 @@ def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any]
             return f"a bad action must get an observation, not an infrastructure error: {result.info['error']}"
         if not result.observation and not (result.terminated or result.truncated):
             return "a bad action got no observation, so the model is not told what was wrong"
+        if turn >= config.max_turns and not (result.terminated or result.truncated):
+            return f"the episode did not end at the turn limit ({config.max_turns})"
         low, high = cls.reward_range
         if not low <= result.reward <= high:
             return f"reward {result.reward} is outside reward_range {cls.reward_range}"
