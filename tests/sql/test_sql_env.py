@@ -17,7 +17,7 @@ from sql_helpers import ENGINES, THINK, query, started_env, task
 def test_check_env_passes(engine):
     report = check_env("sql", config={"engine": engine}, n_tasks=3)
     assert not report.failed
-    assert {"pickle", "turn_limit", "determinism", "gold[2]"} <= set(report.passed)
+    assert {"pickle", "turn_limit", "determinism", "action:empty_at_turn_limit", "gold[2]"} <= set(report.passed)
 
 
 def test_registered_with_its_metadata():
@@ -118,7 +118,7 @@ def test_reset_starts_a_clean_episode():
     env = started_env()
     query(env, "SELECT * FROM nope")
     env.reset(seed=0)
-    assert env.get_metrics()["execution_errors"] == 0 and env.history == []
+    assert env.get_metrics()["execution_errors"] == 0 and env.actions == []
 
 
 def test_env_pickles_mid_episode_and_keeps_working():

@@ -46,21 +46,20 @@ def test_normalize_sql_for_exact_match():
     assert normalize_sql("SELECT  a\nFROM t;") == normalize_sql("select a from t")
 
 
-@pytest.mark.parametrize(("history", "problem"), [
-    ("<think>x</think><solution>SELECT 1</solution>", ""),
-    ("<think>x</think><solution>SELECT 1</solution><solution>SELECT 2</solution>", "exactly one"),
-    ("<think>x</think><solution>SELECT 1", "exactly one"),
-    ("<think>x</think></solution>SELECT 1<solution>", "comes before"),
-    ("<think>x</think><solution><sql>SELECT 1</sql></solution>", "may not contain"),
-    ("<think>x</think><solution>  </solution>", "empty"),
-    ("<solution>SELECT 1</solution>", "no <think>"),
-    ("<think>a</think><sql>SELECT 1</sql>\n<observation>1</observation>\n<solution>SELECT 1</solution>",
-     "does not start with <think>"),
-    ("<think>a</think><sql>SELECT 1</sql>\n<observation>1</observation>\n <think>b</think><solution>SELECT 1</solution>",
-     ""),
+@pytest.mark.parametrize(("actions", "problem"), [
+    (["<think>x</think><solution>SELECT 1</solution>"], ""),
+    (["<think>x</think><solution>SELECT 1</solution><solution>SELECT 2</solution>"], "exactly one"),
+    (["<think>x</think><solution>SELECT 1"], "exactly one"),
+    (["<think>x</think></solution>SELECT 1<solution>"], "comes before"),
+    (["<think>x</think><solution><sql>SELECT 1</sql></solution>"], "may not contain"),
+    (["<think>x</think><solution>  </solution>"], "empty"),
+    (["<solution>SELECT 1</solution>"], "no <think>"),
+    (["<think>a</think><sql>SELECT 1</sql>", "<solution>SELECT 1</solution>"], "does not start with <think>"),
+    (["<think>a</think><sql>SELECT 1</sql>", " <think>b</think><solution>SELECT 1</solution>"], ""),
+    (["<think>a</think><solution>SELECT 1", "<think>b</think></solution>"], "may not contain"),  # spans a turn
 ])
-def test_format_rules(history, problem):
-    check = check_format(history)
+def test_format_rules(actions, problem):
+    check = check_format(actions)
     assert check.ok is (problem == "")
     assert problem in check.problem
     if check.ok:
@@ -68,7 +67,7 @@ def test_format_rules(history, problem):
 
 
 def test_think_rule_can_be_switched_off():
-    assert check_format("<solution>SELECT 1</solution>", require_think=False).ok
+    assert check_format(["<solution>SELECT 1</solution>"], require_think=False).ok
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -2,9 +2,10 @@
 
 Each turn the model writes ``<sql>QUERY</sql>`` to run a query (it sees the result, the error or
 which limit stopped the query) or ``<solution>QUERY</solution>`` to submit. The episode ends at the
-solution or at the turn limit, and is scored then: the format penalty if the episode's text breaks
-SkyRL-SQL's format rules, else 1 if the submitted query's result matches the gold query's result
-and 0 if not. Queries run in a sandbox process (:mod:`skyrl_sql.sandbox`).
+solution or at the turn limit, and is scored then: the format penalty if the model's actions break
+SkyRL-SQL's format rules (observations are never read for this), else 1 if the submitted query's
+result matches the gold query's result and 0 if not. Queries run in a sandbox process
+(:mod:`skyrl_sql.sandbox`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class SQLEnv(TextEnv):
         self._new_episode()
 
     def _new_episode(self) -> None:
-        self.history: list[str] = []
+        self.actions: list[str] = []  # the model's own text, the only input of the format check
         self.execution_errors = 0
         self.invalid_turns = 0
         self.outcome: dict[str, float] = {}
@@ -92,26 +93,37 @@ class SQLEnv(TextEnv):
     # -- turns ------------------------------------------------------------------------------------
 
     def take_action(self, action: str) -> StepResult:
-        self.history.append(action)
+        self.actions.append(action)
         if has_solution(action) or self.turn >= self.max_turns:
             return self._score(submitted=has_solution(action))
         query = first_query(action)
         if query is None:
             self.invalid_turns += 1
-            body, status = INVALID_ACTION, "invalid"
-        else:
-            c = self.config
-            result = self._run(query, c.query_timeout_s, c.max_rows)
-            self.execution_errors += not result.ok
-            body, status = result_body(result, max_rows=c.max_rows, max_bytes=c.max_result_bytes,
-                                       shown_rows=c.max_observation_rows, max_chars=c.max_observation_chars), result.status
+            return self._reply(INVALID_ACTION, {"query_status": "invalid"})
+        c = self.config
+        result = self._run(query, c.query_timeout_s, c.max_rows)
+        self.execution_errors += not result.ok
+        body = result_body(result, max_rows=c.max_rows, max_bytes=c.max_result_bytes,
+                           shown_rows=c.max_observation_rows, max_chars=c.max_observation_chars)
+        return self._reply(body, {"query_status": result.status})
+
+    def reject_action(self, problem: str) -> StepResult:
+        """A turn the base class rejected unread (empty, not text, too long) counts like a turn
+        without ``<sql>``: ``problem`` is the observation, and at the last turn the episode is
+        scored as usual, so its missing solution gets the format penalty."""
+        if self.turn >= self.max_turns:
+            scored = self._score(submitted=False)
+            return scored._replace(info={**scored.info, "invalid_action": problem})
+        self.invalid_turns += 1
+        return self._reply(problem, {"query_status": "invalid", "invalid_action": problem})
+
+    def _reply(self, body: str, info: dict[str, Any]) -> StepResult:
         text = observation(body, self.max_turns - self.turn)
-        self.history.append(text)
-        return StepResult([{"role": "user", "content": text}], 0.0, False, False, {"query_status": status})
+        return StepResult([{"role": "user", "content": text}], 0.0, False, False, info)
 
     def _score(self, *, submitted: bool) -> StepResult:
         c = self.config
-        fmt = check_format("".join(self.history), require_think=c.require_think)
+        fmt = check_format(self.actions, require_think=c.require_think)
         match, exact, reason = False, False, fmt.problem
         if fmt.ok and fmt.solution is not None:
             gold = self._gold_result()
