@@ -405,19 +405,35 @@ IS_PIPE = ("def _is_pipe(fd):\n    import os, stat\n    try:\n        return sta
            "    except OSError:\n        return False\n")
 
 
+# The current execution's token, as code that reads the worker's memory can find it.
+FIND_TOKEN = ("import gc\ntoken = next(o for o in gc.get_objects() "
+              "if type(o).__name__ == 'RequestSender').token.encode()\n")
+FRAME = "(lambda m: len(m).to_bytes(4, 'big') + m)"
+
+
 @pytest.mark.parametrize("payload, reason", [
     ("b'\\xff\\xff\\xff\\xff'", "exceeds the limit"),
     ("len(b'{not json').to_bytes(4, 'big') + b'{not json'", "not valid JSON"),
     ("len(b'[1, 2]').to_bytes(4, 'big') + b'[1, 2]'", "not an object"),
-    ("(lambda m: len(m).to_bytes(4, 'big') + m)(b'{\"op\": \"result\", \"seq\": 999, \"stdout\": \"\", "
+    # without the execution's token nothing is accepted, whatever it claims to be
+    (f"{FRAME}(b'{{\"op\": \"result\", \"seq\": 1, \"stdout\": \"\", \"stderr\": \"\", "
+     "\"truncated_chars\": 0}')", "not bound to the running execution"),
+    (f"{FRAME}(b'{{\"op\": \"rpc\", \"id\": 99, \"method\": \"FINAL\", \"params\": {{\"answer\": \"x\"}}}}')",
+     "not bound to the running execution"),
+    # with it, the frame must still be the right reply to the right request
+    (f"{FRAME}(b'{{\"op\": \"result\", \"seq\": 999, \"token\": \"' + token + b'\", \"stdout\": \"\", "
      "\"stderr\": \"\", \"truncated_chars\": 0}')", "another execution"),
-    ("(lambda m: len(m).to_bytes(4, 'big') + m)(b'{\"op\": \"shell\", \"cmd\": \"rm -rf /\"}')", "unexpected message"),
-    ("(lambda m: len(m).to_bytes(4, 'big') + m)(b'{\"op\": \"rpc\", \"id\": -1}')", "non-negative integer"),
+    (f"{FRAME}(b'{{\"op\": \"shell\", \"token\": \"' + token + b'\", \"cmd\": \"rm -rf /\"}}')",
+     "unexpected message"),
+    (f"{FRAME}(b'{{\"op\": \"rpc\", \"token\": \"' + token + b'\", \"id\": -1}}')", "non-negative integer"),
+    (f"{FRAME}(b'{{\"op\": \"rpc\", \"token\": \"' + token + b'\", \"id\": 0, \"method\": \"FINAL\", "
+     "\"params\": {\"answer\": \"x\"}}')", "does not follow the last one"),
 ])
 async def test_forged_messages_on_the_channel_are_rejected(sandbox, payload, reason):
-    result = await sandbox.execute(IS_PIPE + FIND_CHANNEL + WRITE_ALL.format(payload=payload)
+    result = await sandbox.execute(IS_PIPE + FIND_CHANNEL + FIND_TOKEN + WRITE_ALL.format(payload=payload)
                                    + "import time\ntime.sleep(5)")
     assert result.sandbox_restarted and "broke the protocol" in result.error and reason in result.error
+    assert result.final_answer is None
     assert await still_healthy(sandbox)
 
 

@@ -51,8 +51,11 @@ async def test_malformed_frames_are_violations(data, problem):
 
 async def test_deeply_nested_json_is_a_violation_not_a_crash():
     payload = b"[" * 200_000 + b"]" * 200_000
-    with pytest.raises(ProtocolViolation, match="not valid JSON"):
+    with pytest.raises(ProtocolViolation, match="200,000 objects and lists"):
         await read_message(reader_with(frame(payload)), len(payload))
+    shallow_enough_to_count = b"[" * 5_000 + b"]" * 5_000 + b" " * 70_000
+    with pytest.raises(ProtocolViolation, match="nests deeper than 32 levels"):
+        await read_message(reader_with(frame(shallow_enough_to_count)), len(shallow_enough_to_count))
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00\x00", frame(b'{"op": "result"}')[:-3]])
@@ -90,8 +93,10 @@ async def test_pool_prestarts_workers_and_hands_them_out():
 
 
 def test_shared_pool_is_one_per_way_of_starting_workers():
-    assert SandboxPool.shared(SandboxConfig(memory_mb=300)) is SandboxPool.shared(SandboxConfig(memory_mb=900))
+    assert SandboxPool.shared(SandboxConfig(cpu_time_s=30)) is SandboxPool.shared(SandboxConfig(cpu_time_s=90))
     assert SandboxPool.shared(SandboxConfig(tmp_size_mb=8)) is not SandboxPool.shared(SandboxConfig())
+    # the worker's cgroup limits are set when it starts
+    assert SandboxPool.shared(SandboxConfig(memory_mb=300)) is not SandboxPool.shared(SandboxConfig(memory_mb=900))
 
 
 async def test_backend_bwrap_that_cannot_work_is_a_clear_error(monkeypatch):
@@ -102,7 +107,10 @@ async def test_backend_bwrap_that_cannot_work_is_a_clear_error(monkeypatch):
     try:
         with pytest.raises(SandboxError, match="backend 'bwrap' is not usable here: bwrap is not installed"):
             await Sandbox.create(SandboxConfig(backend="bwrap", pool_size=0))
-        assert launch.resolve_backend("auto") == "subprocess"
+        # auto never falls back to the weaker backend: the user has to opt in to it
+        with pytest.raises(SandboxError, match="apt-get install bubblewrap.*sandbox.backend=subprocess"):
+            launch.resolve_backend("auto")
+        assert launch.resolve_backend("subprocess") == "subprocess"
     finally:
         launch.bwrap_problem.cache_clear()
 

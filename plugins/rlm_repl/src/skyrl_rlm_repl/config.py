@@ -38,6 +38,9 @@ class RLMReplConfig(EnvConfig):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Isolation and resource limits "
                                                                               "of the REPL worker process.")
     subcalls: SubcallLimits = Field(default_factory=SubcallLimits)
+    step_timeout_s: float = Field(600.0, gt=0, description="Wall clock one response may take, sub-calls included; "
+                                                           "the code's own running time across all the response's "
+                                                           "blocks is bounded by sandbox.exec_timeout_s.")
     match_threshold: float = Field(0.8, gt=0.0, le=1.0, description="Similarity at which a returned snippet "
                                                                     "counts as a gold evidence snippet.")
     dataset_path: str | None = Field(None, description="JSONL of evidence tasks; default: the built-in set.")

@@ -34,6 +34,28 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 30.0
 
 
+class _StepBudget:
+    """Time one response may use: code running time across all its blocks, and wall clock with sub-calls."""
+
+    def __init__(self, code_s: float, step_s: float) -> None:
+        self.code_s_left = code_s
+        self.deadline = asyncio.get_running_loop().time() + step_s
+        self._step_s = step_s
+        self._code_s = code_s
+
+    def charge(self, result: ExecResult) -> None:
+        self.code_s_left -= max(result.duration_s - result.subcall_wait_s, 0.0)
+
+    @property
+    def spent(self) -> str | None:
+        """Why no further block may run, or None."""
+        if self.code_s_left <= 0:
+            return f"this response used its {self._code_s:g} s of code running time (sandbox.exec_timeout_s)"
+        if asyncio.get_running_loop().time() >= self.deadline:
+            return f"this response used its {self._step_s:g} s step budget (step_timeout_s)"
+        return None
+
+
 @cache
 def evidence_scaffold() -> str:
     """Source of the evidence tools run in every REPL (list_papers, search, read_section)."""
@@ -125,8 +147,12 @@ class RLMReplEnv(TextEnv):
         outputs: list[str] = []
         answer: str | None = None
         ran = 0
+        budget = _StepBudget(self.config.sandbox.exec_timeout_s, self.config.step_timeout_s)
         for index, code in enumerate(parsed.blocks):
-            result = await self._execute(code)
+            if budget.spent:
+                outputs.append(f"[blocks {index + 1} to {len(parsed.blocks)} were not run: {budget.spent}]")
+                break
+            result = await self._execute(code, budget)
             ran += 1
             if len(parsed.blocks) > 1:
                 outputs.append(f"[block {index + 1} of {len(parsed.blocks)}]")
@@ -134,12 +160,16 @@ class RLMReplEnv(TextEnv):
             if result.final_answer is not None:
                 answer = result.final_answer
                 break
-        if answer is None and parsed.final_var is not None:
-            result = await self._execute(f"FINAL_VAR({parsed.final_var!r})")
+        if answer is None and parsed.final_var is not None and not budget.spent:
+            result = await self._execute(f"FINAL_VAR({parsed.final_var!r})", budget)
             outputs.append(self._describe(result))
             answer = result.final_answer
         elif answer is None and parsed.final is not None:
             answer = parsed.final
+            if len(answer) > self.config.sandbox.max_answer_chars:
+                outputs.append(f"Error: the final answer has {len(answer):,} characters, over the limit of "
+                               f"{self.config.sandbox.max_answer_chars:,}; it was not submitted.")
+                answer = None
         info: dict[str, Any] = {"blocks_run": ran, "sandbox_backend": self.backend}
         if answer is not None:
             return await self._finish(answer, info)
@@ -185,13 +215,14 @@ class RLMReplEnv(TextEnv):
         body = text.rstrip("\n") if text.strip() else "(no output)"
         return "\n".join([body, *notes])
 
-    async def _execute(self, code: str) -> ExecResult:
+    async def _execute(self, code: str, budget: _StepBudget) -> ExecResult:
         if self._sandbox is None:
             self._sandbox = await Sandbox.create(
                 self.config.sandbox, context=self.context, scaffold_code=evidence_scaffold(),
                 rpc_methods=SUBCALL_METHODS, handler=self._handle_subcall)
             self.backend = self._sandbox.backend
-        result = await self._sandbox.execute(code)
+        result = await self._sandbox.execute(code, timeout_s=budget.code_s_left, deadline=budget.deadline)
+        budget.charge(result)
         self.counters["executions"] += 1
         self.counters["sandbox_errors"] += result.error is not None
         self.counters["sandbox_timeouts"] += bool(result.timed_out)
@@ -202,6 +233,11 @@ class RLMReplEnv(TextEnv):
         """Runs on the sandbox loop; the injected handler runs on the loop that stepped the env."""
         self.counters["subcall_requests"] += 1
         handler, loop = self.subcall_handler, self._caller_loop
+        prompts = params.get("prompts")
+        limit = self.config.subcalls.max_batch_size
+        if isinstance(prompts, (list, tuple)) and len(prompts) > limit:
+            # One string, not one per prompt: the reply must not grow with what the code sent.
+            return f"Error: {method} refused: {len(prompts)} prompts in one call; max_batch_size={limit}."
         try:
             if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
                 return await handler(method, params)

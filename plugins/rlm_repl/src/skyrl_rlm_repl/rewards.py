@@ -15,17 +15,27 @@ from typing import Any
 
 from skyrl_rlm_repl.evidence.reward import SourceIndex, match_key, parse_snippets, score_evidence
 
+# Scoring cost grows with the answer: beyond these it is refused unscored (reward 0), so a huge or
+# many-piece answer can neither stall the trainer nor buy matches by volume.
+MAX_SCORED_CHARS = 100_000
+MAX_SCORED_SNIPPETS = 200
+
 
 def score_answer(task: Mapping[str, Any], context: Any, answer: str, threshold: float) -> tuple[float, dict[str, float]]:
     """``(reward, components)`` for ``answer`` to ``task``; components go to the step's info."""
+    if len(answer) > MAX_SCORED_CHARS:
+        return 0.0, {"answer_too_long": 1.0}
     if "evidence" in task:
-        score = score_evidence(parse_snippets(answer), list(task["evidence"]), SourceIndex(context), threshold)
+        snippets = parse_snippets(answer)
+        if len(snippets) > MAX_SCORED_SNIPPETS:
+            return 0.0, {"too_many_snippets": 1.0}
+        score = score_evidence(snippets, list(task["evidence"]), SourceIndex(context), threshold)
         return score.f1, score.as_dict()
     if "answer" in task:
         correct = float(match_key(answer) == match_key(str(task["answer"])))
         return correct, {"correct": correct}
     snippets = parse_snippets(answer)
-    if not snippets:
+    if not snippets or len(snippets) > MAX_SCORED_SNIPPETS:
         return 0.0, {"grounded_fraction": 0.0}
     source = SourceIndex(context)
     grounded = sum(source.contains(s) for s in snippets) / len(snippets)

@@ -207,9 +207,6 @@ class RLMTreeGenerator(MultiTurnGenerator):
                 request = parse_request(method, params)
             except SubcallError as exc:
                 return f"Error: {exc}"
-            if len(request.prompts) > self.limits.max_batch_size:
-                return request.refuse(f"Error: {method} refused: {len(request.prompts)} prompts in one call; "
-                                      f"max_batch_size={self.limits.max_batch_size}.")
             answers = await asyncio.gather(*(self._one(node, request, prompt, context)
                                              for prompt, context in zip(request.prompts, request.contexts, strict=True)))
             return request.reply(answers)

@@ -14,17 +14,21 @@ class SandboxConfig(BaseModel):
 
     backend: Literal["auto", "bwrap", "subprocess"] = Field(
         "auto", description="'bwrap': bubblewrap namespaces (no network, private /tmp, read-only system files); "
-        "'subprocess': a resource-limited child process with a clean environment (weaker: relies on an in-process "
-        "policy for files and network); 'auto': bwrap when it is installed and works here, else subprocess.")
+        "'subprocess': a resource-limited child process with a clean environment (weaker, opt-in only: relies on an "
+        "in-process policy for files and network, which determined code can defeat); 'auto': bwrap, and an error "
+        "saying what is missing where it cannot run (never a silent fallback). SKYRL_SANDBOX=bwrap|subprocess "
+        "requires one backend for the whole run.")
     exec_timeout_s: float = Field(
-        10.0, gt=0, description="Wall-clock limit of one execute(), enforced from outside: the worker is killed and "
-        "restarted (its variables are lost, and the result says so). Time spent waiting for the handler of an "
-        "llm_query/rlm_query request does not count.")
+        10.0, gt=0, description="Wall-clock limit of the code's own running time, enforced from outside: the worker "
+        "is killed and restarted (its variables are lost, and the result says so). Time spent waiting for the "
+        "handler of an llm_query/rlm_query request does not count here; callers bound it with a deadline (the "
+        "rlm_repl env: step_timeout_s). The rlm_repl env gives this budget to a whole response, across its blocks.")
     cpu_time_s: int = Field(60, ge=1, description="CPU seconds the worker may use in its lifetime (RLIMIT_CPU).")
-    memory_mb: int = Field(1024, ge=64, description="Address-space limit of the worker (RLIMIT_AS).")
+    memory_mb: int = Field(1024, ge=64, description="Address-space limit of the worker (RLIMIT_AS); with a memory "
+                                                    "cgroup, memory_mb + tmp_size_mb bounds every page it can pin.")
     max_processes: int = Field(
-        32, ge=1, description="RLIMIT_NPROC (processes and threads). Per sandbox with bwrap (own user namespace); "
-        "with the subprocess backend the kernel counts every process of the user, and root is exempt.")
+        32, ge=1, description="Threads and processes of the worker: a pids cgroup where one is writable (binds for "
+        "root too), and RLIMIT_NPROC (which the kernel does not apply to root).")
     max_open_files: int = Field(256, ge=16, description="Open file descriptors of the worker (RLIMIT_NOFILE).")
     max_file_size_mb: int = Field(16, ge=1, description="Largest file the worker may write (RLIMIT_FSIZE).")
     max_output_chars: int = Field(
@@ -43,5 +47,8 @@ class SandboxConfig(BaseModel):
         False, description="Let model code start processes (fork/exec/subprocess/os.system). Off: such calls raise "
         "PermissionError (audit policy and seccomp). On needs the bwrap backend and a non-root parent, because "
         "max_processes (RLIMIT_NPROC) is then what stops a fork bomb and the kernel exempts root from it.")
+    max_answer_chars: int = Field(
+        20_000, ge=1, description="Longest final answer FINAL/FINAL_VAR may submit; a longer one is refused (the "
+        "code gets an error saying so) and nothing is submitted.")
     echo_last_expression: bool = Field(True, description="Print the repr of a trailing bare expression, as an "
                                                          "interactive interpreter does.")

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cgroups import alive, sweep_stale_groups
 from .result import SandboxError
 
 log = logging.getLogger(__name__)
@@ -79,13 +80,19 @@ def plan_bwrap(host_dir: Path, max_message_bytes: int, tmp_size_mb: int) -> Laun
     prefix = os.path.realpath(sys.base_prefix)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
+    read_only = ["/dev", "/"]
     site_packages = os.path.join(os.path.dirname(os.__file__), "site-packages")
     if os.path.isdir(site_packages):
         argv += ["--tmpfs", site_packages]  # hide the base install's third-party packages
+        read_only.insert(0, site_packages)
     argv += ["--ro-bind", str(WORKER_PACKAGE), f"{_INSIDE_LIB}/worker",
              "--ro-bind", str(host_dir / "inbox"), _INSIDE_INBOX,
              "--proc", "/proc", "--dev", "/dev",
-             "--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp", "--chdir", "/tmp", "--"]
+             "--size", str(tmp_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    # Every tmpfs but /tmp read-only (/dev/shm included): memory in them would count against no limit.
+    for path in read_only:
+        argv += ["--remount-ro", path]
+    argv += ["--chdir", "/tmp", "--"]
     spawn = {"max_message_bytes": max_message_bytes, "expected_parent_pid": None}
     return LaunchPlan(argv=argv + _python_args(_INSIDE_LIB, spawn), cwd=str(host_dir), env=clean_env("/tmp"),
                       inside_tmp="/tmp", inside_inbox=_INSIDE_INBOX,
@@ -97,10 +104,11 @@ _process_dirs: dict[int, Path] = {}
 
 
 def process_dir() -> Path:
-    """This process's folder for worker folders, made on first use after sweeping dead owners' folders."""
+    """This process's folder for worker folders, made on first use after sweeping dead owners' leftovers."""
     pid = os.getpid()
     if pid not in _process_dirs:
         sweep_stale_dirs()
+        sweep_stale_groups()
         _process_dirs[pid] = Path(tempfile.mkdtemp(prefix=f"{_PROCESS_DIR_PREFIX}{pid}-"))
         atexit.register(_remove_own_dir, pid, _process_dirs[pid])
     return _process_dirs[pid]
@@ -116,20 +124,10 @@ def sweep_stale_dirs(root: str | None = None) -> list[Path]:
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(f"{_PROCESS_DIR_PREFIX}*"):
         owner = folder.name[len(_PROCESS_DIR_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not alive(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def make_host_dir() -> Path:
@@ -159,15 +157,36 @@ def bwrap_problem() -> str | None:
         shutil.rmtree(host_dir, ignore_errors=True)
 
 
+REQUIRE_ENV = "SKYRL_SANDBOX"
+SUBPROCESS_WARNING = (
+    "sandbox backend 'subprocess' is weaker: model code runs as a plain child process guarded by rlimits, "
+    "seccomp and an in-process audit policy that determined code can defeat, after which it can read and "
+    "write the host's files and reach the network as the user running the trainer. Use it only for trusted "
+    "code or where bubblewrap cannot run.")
+_warned_subprocess: list[bool] = []
+
+
 def resolve_backend(requested: str) -> str:
-    """The backend to use for ``requested`` ('auto' picks bwrap when it works)."""
+    """The backend to use for ``requested``; 'auto' means bwrap and never silently anything weaker.
+
+    ``SKYRL_SANDBOX=bwrap|subprocess`` requires that backend for every sandbox of the run: a config
+    asking for another one, or a required backend that cannot start, is an error.
+    """
+    required = os.environ.get(REQUIRE_ENV, "").strip()
+    if required:
+        if required not in ("bwrap", "subprocess"):
+            raise SandboxError(f"{REQUIRE_ENV}={required!r} is not a backend of this sandbox (bwrap, subprocess)")
+        if requested not in ("auto", required):
+            raise SandboxError(f"the config asks for sandbox backend {requested!r} but {REQUIRE_ENV}={required}")
+        requested = required
     if requested == "subprocess":
+        if not _warned_subprocess:
+            _warned_subprocess.append(True)
+            log.warning(SUBPROCESS_WARNING)
         return "subprocess"
     problem = bwrap_problem()
     if problem is None:
         return "bwrap"
-    if requested == "bwrap":
-        raise SandboxError(f"sandbox backend 'bwrap' is not usable here: {problem}. "
-                           "Install bubblewrap or set backend to 'auto' or 'subprocess'.")
-    log.warning("sandbox: %s; falling back to the weaker 'subprocess' backend", problem)
-    return "subprocess"
+    raise SandboxError(f"sandbox backend 'bwrap' is not usable here: {problem}. Install bubblewrap (Debian/Ubuntu: "
+                       "apt-get install bubblewrap), or opt in to the weaker backend with sandbox.backend=subprocess, "
+                       "which does not protect the host's files and network from determined code.")

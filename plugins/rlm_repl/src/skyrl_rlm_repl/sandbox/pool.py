@@ -13,9 +13,13 @@ import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from .cgroups import WorkerCgroup, cgroup_support
 from .config import SandboxConfig
 from .launch import make_host_dir, plan_bwrap, plan_subprocess, resolve_backend
 from .process import WorkerProcess
+
+# bwrap's own processes in the worker's pids group: the outer bwrap and the namespace's init.
+_BWRAP_TASKS = 2
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-sandbox-spawner")
 _SHARED: dict[tuple, SandboxPool] = {}
@@ -30,6 +34,9 @@ class SandboxPool:
         self.size = config.pool_size if size is None else size
         self._max_message_bytes = config.max_message_mb * 1024 * 1024
         self._tmp_size_mb = config.tmp_size_mb
+        self._pids_max = config.max_processes + (_BWRAP_TASKS if self.backend == "bwrap" else 0)
+        # RLIMIT_AS bounds the interpreter; the private /tmp is a tmpfs whose pages count here too.
+        self._memory_bytes = (config.memory_mb + config.tmp_size_mb) * 2**20
         self._idle: deque[WorkerProcess] = deque()
         self._starting = 0
         self._lock = threading.Lock()
@@ -43,7 +50,7 @@ class SandboxPool:
         Keyed by pid too: a forked child must not hand out its parent's workers.
         """
         key = (os.getpid(), resolve_backend(config.backend), config.tmp_size_mb, config.max_message_mb,
-               config.pool_size)
+               config.pool_size, config.max_processes, config.memory_mb)
         with _SHARED_LOCK:
             if key not in _SHARED:
                 _SHARED[key] = cls(config)
@@ -73,7 +80,9 @@ class SandboxPool:
             plan = plan_bwrap(host_dir, self._max_message_bytes, self._tmp_size_mb)
         else:
             plan = plan_subprocess(host_dir, self._max_message_bytes)
-        return WorkerProcess(self.backend, plan, host_dir, self._max_message_bytes)
+        support = cgroup_support()
+        cgroup = None if support is None else WorkerCgroup(support, self._pids_max, self._memory_bytes)
+        return WorkerProcess(self.backend, plan, host_dir, self._max_message_bytes, cgroup)
 
     def refill(self) -> None:
         with self._lock:

@@ -3,31 +3,43 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import shutil
 import signal
+import struct
 import subprocess
+import termios
 import weakref
 from pathlib import Path
 from typing import Any
 
 from . import protocol
+from .cgroups import WorkerCgroup
 from .launch import LaunchPlan
 
 
 class WorkerProcess:
     """A started worker, its private host folder, and (once attached to a loop) its channel."""
 
-    def __init__(self, backend: str, plan: LaunchPlan, host_dir: Path, max_message_bytes: int) -> None:
+    def __init__(self, backend: str, plan: LaunchPlan, host_dir: Path, max_message_bytes: int,
+                 cgroup: WorkerCgroup | None = None) -> None:
         self.backend = backend
         self.plan = plan
         self.host_dir = host_dir
         self.max_message_bytes = max_message_bytes
-        with open(host_dir / "stderr.log", "wb") as stderr:
-            self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+        self.cgroup = cgroup
+        try:
+            with open(host_dir / "stderr.log", "wb") as stderr:
+                self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=stderr, start_new_session=True,
+                                              preexec_fn=None if cgroup is None else cgroup.join)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
         # Runs on close(), on garbage collection and at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _kill_and_remove, self.popen, host_dir, os.getpid())
+        self._finalizer = weakref.finalize(self, _kill_and_remove, self.popen, host_dir, os.getpid(), cgroup)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.WriteTransport | None = None
         self._read_transport: asyncio.ReadTransport | None = None
@@ -55,6 +67,22 @@ class WorkerProcess:
     async def receive(self) -> dict[str, Any]:
         assert self._reader is not None, "attach() first"
         return await protocol.read_message(self._reader, self.max_message_bytes)
+
+    async def has_unread_data(self) -> bool:
+        """Whether the worker sent anything not read yet (in the reader's buffer or still in the pipe)."""
+        assert self._reader is not None, "attach() first"
+        await asyncio.sleep(0)  # let the read transport move what is in the pipe
+        waiting = struct.unpack("i", fcntl.ioctl(self.popen.stdout.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        # StreamReader has no public count of buffered bytes.
+        return waiting > 0 or bool(self._reader._buffer)  # type: ignore[attr-defined]
+
+    def task_count(self) -> int:
+        """Threads (and processes) the worker runs now, counted from outside: its pids group, else /proc."""
+        if self.cgroup is not None:
+            count = self.cgroup.task_count()
+            if count is not None:
+                return count
+        return _tree_threads(self.popen.pid)
 
     def write_inbox(self, name: str, data: bytes) -> str:
         """Put a file where the worker can read it; returns its path as the worker sees it."""
@@ -98,6 +126,8 @@ class WorkerProcess:
 
     def describe_exit(self, status: int | None) -> str:
         """Why the worker ended, in words (bwrap reports a signal death as 128 + signal number)."""
+        if self.cgroup is not None and self.cgroup.oom_killed():
+            return "was killed by the kernel at the sandbox memory limit (memory_mb + tmp_size_mb)"
         if status is None:
             return "is no longer responding"
         number = -status if status < 0 else status - 128 if self.backend == "bwrap" and status > 128 else 0
@@ -119,7 +149,23 @@ def _kill_group(popen: subprocess.Popen) -> None:
             pass
 
 
-def _kill_and_remove(popen: subprocess.Popen, host_dir: Path, owner_pid: int) -> None:
+def _tree_threads(root: int) -> int:
+    """Threads of ``root`` and all its descendants, from /proc (0 for a process that is gone)."""
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            for task in tasks:
+                with open(f"/proc/{pid}/task/{task}/children") as children:
+                    pending.extend(int(child) for child in children.read().split())
+        except (OSError, ValueError):
+            continue
+        total += len(tasks)
+    return total
+
+
+def _kill_and_remove(popen: subprocess.Popen, host_dir: Path, owner_pid: int, cgroup: WorkerCgroup | None) -> None:
     if os.getpid() != owner_pid:
         return  # a forked copy of the owner exiting: the workers are not its to kill
     _kill_group(popen)
@@ -127,6 +173,8 @@ def _kill_and_remove(popen: subprocess.Popen, host_dir: Path, owner_pid: int) ->
         popen.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+    if cgroup is not None:
+        cgroup.remove()
     for stream in (popen.stdin, popen.stdout):
         if stream is not None and not stream.closed:
             try:

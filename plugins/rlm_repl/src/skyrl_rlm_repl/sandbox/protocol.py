@@ -1,17 +1,28 @@
 """Parent side of the worker protocol: 4-byte big-endian length + JSON, and validation.
 
-Everything read from the worker is hostile: frames have a size limit, must decode to the expected
-shape, and text is cut to its limit and cleaned of lone surrogates before anyone else sees it.
+Everything read from the worker is hostile: frames have a size limit and a structure limit (so a
+frame cannot cost the parent much more memory to decode than it has bytes), must decode to the
+expected shape, and text is cut to its limit and cleaned of lone surrogates before anyone else
+sees it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import struct
 from typing import Any
 
 HEADER = struct.Struct(">I")
+# Decoding a frame costs at most a few times its size when it holds few containers and items:
+# tiny objects and lists ({} is 2 bytes on the wire, over 60 in memory) are what amplify.
+MAX_CONTAINERS = 10_000
+MAX_ITEMS = 200_000
+MAX_DEPTH = 32
+_CHECK_FROM_BYTES = 64 * 1024  # smaller frames cannot amplify to anything that matters
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
 
 
 class ProtocolViolation(Exception):
@@ -35,6 +46,8 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> dict[str
         payload = await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:
         raise WorkerGone("the worker closed its channel") from exc
+    if size >= _CHECK_FROM_BYTES:
+        check_structure(payload)
     try:
         message = json.loads(payload)
     except (ValueError, RecursionError) as exc:
@@ -42,6 +55,23 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> dict[str
     if not isinstance(message, dict) or not isinstance(message.get("op"), str):
         raise ProtocolViolation("a message is not an object with an 'op' field")
     return message
+
+
+def check_structure(payload: bytes) -> None:
+    """Refuse JSON with more containers, items or nesting than a real message needs (linear time)."""
+    skeleton = _STRINGS.sub(b'""', payload)  # brackets and commas inside strings are text, not structure
+    containers = skeleton.count(b"[") + skeleton.count(b"{")
+    if containers > MAX_CONTAINERS:
+        raise ProtocolViolation(f"a message holds {containers:,} objects and lists, over the limit of "
+                                f"{MAX_CONTAINERS:,}")
+    items = skeleton.count(b",")
+    if items > MAX_ITEMS:
+        raise ProtocolViolation(f"a message holds {items:,} items, over the limit of {MAX_ITEMS:,}")
+    depth = 0
+    for bracket in _BRACKETS.finditer(skeleton):  # at most 2 * MAX_CONTAINERS matches
+        depth += 1 if bracket.group() in (b"[", b"{") else -1
+        if depth > MAX_DEPTH:
+            raise ProtocolViolation(f"a message nests deeper than {MAX_DEPTH} levels")
 
 
 def expect(message: dict[str, Any], *ops: str) -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
+import platform
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import protocol
@@ -24,6 +28,18 @@ DEFAULT_RPC_METHODS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query
 _RESTART_NOTE = ("The sandbox was restarted: every variable from earlier code blocks is lost "
                  "(context and the tools are available again).")
 _MAX_ERROR_CHARS = 10_000
+FINAL_METHOD = "FINAL"  # the request FINAL/FINAL_VAR send; answered by the sandbox itself, never the handler
+_THREAD_EXIT_POLLS, _THREAD_EXIT_POLL_S = 20, 0.01
+
+
+@dataclass
+class _Run:
+    """One execution: its sequence number and unguessable token, and what the parent recorded for it."""
+
+    seq: int
+    token: str
+    final_answer: str | None = None
+    subcall_wait_s: float = 0.0
 
 
 class Sandbox:
@@ -52,6 +68,8 @@ class Sandbox:
         self._seq = 0
         self._closed = False
         self._lost_state = False
+        self._baseline_tasks = 0
+        self._last_request_id = 0
 
     @classmethod
     async def create(cls, config: SandboxConfig, *, context: Any = None, scaffold_code: str = "",
@@ -80,8 +98,14 @@ class Sandbox:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def execute(self, code: str) -> ExecResult:
+    async def execute(self, code: str, *, timeout_s: float | None = None,
+                      deadline: float | None = None) -> ExecResult:
         """Run ``code``; problems caused by the code come back in the result, never as exceptions.
+
+        ``timeout_s`` (default ``exec_timeout_s``) bounds the code's own running time; time spent
+        waiting for the sub-call handler is not counted there but is bounded by ``deadline``, an
+        absolute ``loop.time()`` by which the whole call must end (a caller's budget for a step of
+        several blocks). Either limit stops the worker, which restarts with its variables lost.
 
         Raises :class:`SandboxError` only for infrastructure failures (closed sandbox, a worker that
         cannot be restarted).
@@ -93,7 +117,8 @@ class Sandbox:
             restarted = self._lost_state
             if self._lost_state:
                 await self._start()
-            result = await self._execute(code, started)
+            result = await self._execute(code, started, self.config.exec_timeout_s if timeout_s is None else timeout_s,
+                                         deadline)
             result.sandbox_restarted = result.sandbox_restarted or restarted
             return result
 
@@ -158,10 +183,18 @@ class Sandbox:
         error = protocol.text_field(reply, "error", _MAX_ERROR_CHARS)
         if error is not None:
             raise SandboxError(f"the sandbox scaffold failed to load:\n{error}")
-        warnings = reply.get("warnings") or []
+        warnings = [str(item)[:500] for item in reply.get("warnings") or []]
+        if program is None:
+            warnings.append(f"no seccomp filter for this architecture ({platform.machine()}): process creation, "
+                            "signals and kernel interfaces are limited only by the backend")
+        if worker.cgroup is None:
+            warnings.append("no writable cgroup: threads are bounded by RLIMIT_NPROC (not for root) and memory by "
+                            "RLIMIT_AS plus the /tmp size")
         if warnings and not _warned:
             _warned.append(True)
-            log.warning("sandbox (%s) runs without some protection: %s", self.backend, str(warnings)[:500])
+            log.warning("sandbox (%s) runs without some protection: %s", self.backend, "; ".join(warnings))
+        self._baseline_tasks = worker.task_count()  # trusted moment: no model code has run yet
+        self._last_request_id = 0
 
     async def _abandon(self, worker: WorkerProcess, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
         if self._worker is worker:
@@ -171,32 +204,46 @@ class Sandbox:
         except asyncio.TimeoutError:
             return None
 
-    async def _execute(self, code: str, started: float) -> ExecResult:
+    async def _execute(self, code: str, started: float, timeout_s: float, deadline: float | None) -> ExecResult:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         if len(code.encode("utf-8", "replace")) > self._max_message_bytes:
             return _failure(f"the code block is too large ({len(code):,} characters)", started)
         worker = self._worker
         assert worker is not None
+        if await worker.has_unread_data():
+            return await self._restart_after(worker, "The sandbox worker sent messages between executions (stray or "
+                                             "forged frames) and was stopped.", started)
         self._seq += 1
+        run = _Run(seq=self._seq, token=secrets.token_hex(16))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.exec_timeout_s
+        code_deadline = loop.time() + timeout_s
+        hard_deadline = math.inf if deadline is None else deadline
         try:
-            worker.send({"op": "exec", "seq": self._seq, "code": code})
+            worker.send({"op": "exec", "seq": run.seq, "token": run.token, "code": code})
             while True:
-                message = await asyncio.wait_for(worker.receive(), max(deadline - loop.time(), 0))
+                wait = min(code_deadline, hard_deadline) - loop.time()
+                message = await asyncio.wait_for(worker.receive(), max(wait, 0))
+                if protocol.text_field(message, "token", 64) != run.token:
+                    raise protocol.ProtocolViolation("a message not bound to the running execution")
                 if message["op"] == "result":
-                    return self._read_result(message, started)
+                    result = self._read_result(message, run, started)
+                    return await self._check_threads_ended(worker, result, started)
                 protocol.expect(message, "rpc")
                 waited_from = loop.time()
-                worker.send(await self._answer_request(message))
-                deadline += loop.time() - waited_from  # time waiting for the handler is not the code's
+                worker.send(await self._answer_request(message, run, hard_deadline))
+                run.subcall_wait_s += loop.time() - waited_from
+                code_deadline += loop.time() - waited_from  # time waiting for the handler is not the code's
         except asyncio.TimeoutError:
-            reason = f"Execution exceeded the {self.config.exec_timeout_s:g} s time limit and was stopped."
+            if loop.time() >= hard_deadline:
+                reason = "The time budget of this step ran out (sub-calls included) and the code was stopped."
+            else:
+                reason = f"Execution exceeded the {timeout_s:g} s time limit and was stopped."
             return await self._restart_after(worker, reason, started, timed_out=True)
         except protocol.WorkerGone:
-            status = await self._abandon(worker, grace_s=1.0)
+            status = await self._abandon(worker, grace_s=1.0, keep_files=True)
             reason = f"The sandbox worker {worker.describe_exit(status)} while running this code."
+            worker.discard()
             return await self._restart_after(worker, reason, started)
         except protocol.ProtocolViolation as exc:
             reason = f"The sandbox worker broke the protocol ({exc}) and was stopped."
@@ -206,12 +253,26 @@ class Sandbox:
             self._lost_state = True
             raise
 
+    async def _check_threads_ended(self, worker: WorkerProcess, result: ExecResult, started: float) -> ExecResult:
+        """A thread left running could act in a later execution as if it were that code: none may outlive
+        its block (counted from outside the worker, where model code cannot fake it)."""
+        for _ in range(_THREAD_EXIT_POLLS):
+            extra = worker.task_count() - self._baseline_tasks
+            if extra <= 0:
+                return result
+            await asyncio.sleep(_THREAD_EXIT_POLL_S)
+        reason = (f"The code left {extra} thread(s) running after the block ended; threads must finish within their "
+                  "block (join them, or use `with ThreadPoolExecutor() as pool:`), so the REPL was stopped.")
+        restarted = await self._restart_after(worker, reason, started)
+        restarted.stdout, restarted.stderr = result.stdout, result.stderr
+        return restarted
+
     @property
     def _max_message_bytes(self) -> int:
         return self.config.max_message_mb * 2**20
 
-    def _read_result(self, message: dict, started: float) -> ExecResult:
-        if protocol.int_field(message, "seq") != self._seq:
+    def _read_result(self, message: dict, run: _Run, started: float) -> ExecResult:
+        if protocol.int_field(message, "seq") != run.seq:
             raise protocol.ProtocolViolation("a result for another execution")
         limit = self.config.max_output_chars + 200
         return ExecResult(
@@ -220,31 +281,53 @@ class Sandbox:
             error=protocol.text_field(message, "error", _MAX_ERROR_CHARS),
             timed_out=False,
             truncated_chars=protocol.int_field(message, "truncated_chars"),
-            final_answer=protocol.text_field(message, "final_answer", self._max_message_bytes),
+            final_answer=run.final_answer,
             duration_s=time.monotonic() - started,
             sandbox_restarted=False,
+            subcall_wait_s=run.subcall_wait_s,
         )
 
-    async def _answer_request(self, message: dict) -> dict:
+    async def _answer_request(self, message: dict, run: _Run, hard_deadline: float) -> dict:
         request_id = protocol.int_field(message, "id")
+        if request_id <= self._last_request_id:
+            raise protocol.ProtocolViolation(f"request id {request_id} does not follow the last one "
+                                            f"({self._last_request_id}): one reply per request")
+        self._last_request_id = request_id
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not isinstance(params, dict):
             raise protocol.ProtocolViolation("a request without a method name and params object")
         reply: dict[str, Any] = {"op": "rpc_result", "id": request_id, "value": None, "error": None}
-        if method not in self._rpc_methods:
+        if method == FINAL_METHOD:
+            reply["error"] = self._submit_final(params, run)
+        elif method not in self._rpc_methods:
             reply["error"] = f"unknown method {method[:100]!r}"
         elif self._handler is None:
             reply["error"] = f"{method} is not available in this sandbox (no handler)"
         else:
+            timeout = min(self.config.rpc_timeout_s, hard_deadline - asyncio.get_running_loop().time())
             try:
-                value = await asyncio.wait_for(self._handler(method, params), self.config.rpc_timeout_s)
+                value = await asyncio.wait_for(self._handler(method, params), max(timeout, 0))
                 json.dumps(value)
                 reply["value"] = value
             except asyncio.TimeoutError:
+                if timeout < self.config.rpc_timeout_s:
+                    raise  # the step's budget ran out, not the handler's own limit
                 reply["error"] = f"no answer within {self.config.rpc_timeout_s:g} s"
             except Exception as exc:  # the handler's failure is reported to the model code, not raised here
                 reply["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         return reply
+
+    def _submit_final(self, params: dict, run: _Run) -> str | None:
+        """Record the answer of ``FINAL``/``FINAL_VAR`` for this execution; returns a refusal or None."""
+        answer = params.get("answer")
+        if not isinstance(answer, str):
+            raise protocol.ProtocolViolation("a FINAL request without an answer string")
+        limit = self.config.max_answer_chars
+        if len(answer) > limit:
+            return (f"the final answer has {len(answer):,} characters, over the limit of {limit:,}; "
+                    "it was not submitted")
+        run.final_answer = protocol.text_field(params, "answer", limit)
+        return None
 
     async def _restart_after(self, worker: WorkerProcess, reason: str, started: float,
                              timed_out: bool = False) -> ExecResult:
@@ -278,4 +361,4 @@ def _encode_context(context: Any) -> tuple[str, bytes]:
 
 def _failure(error: str, started: float, timed_out: bool = False) -> ExecResult:
     return ExecResult(stdout="", stderr="", error=error, timed_out=timed_out, truncated_chars=0, final_answer=None,
-                      duration_s=time.monotonic() - started, sandbox_restarted=False)
+                      duration_s=time.monotonic() - started, sandbox_restarted=False, subcall_wait_s=0.0)

@@ -3,12 +3,15 @@
 The worker installs it on itself before any model code runs (filters can never be removed). It
 keeps these true at the kernel level even when model code defeats the in-process audit policy:
 
-- no new processes: ``fork``/``vfork`` and ``clone`` without ``CLONE_THREAD`` fail with EPERM
-  (threads still work; ``clone3`` reports ENOSYS so libc falls back to ``clone``). RLIMIT_NPROC
-  cannot do this when the parent runs as root: the kernel exempts root's processes from it;
-- signals only to the worker itself (``kill``/``tgkill`` with another pid fail with EPERM);
+- no new processes and no new programs: ``fork``/``vfork``/``execve``/``execveat`` and ``clone``
+  without ``CLONE_THREAD`` fail with EPERM (threads still work; ``clone3`` reports ENOSYS so libc
+  falls back to ``clone``). RLIMIT_NPROC cannot do this when the parent runs as root: the kernel
+  exempts root's processes from it;
+- signals only to the worker itself (``kill``/``tkill``/``tgkill``/``rt_sigqueueinfo``/
+  ``rt_tgsigqueueinfo`` with another pid fail with EPERM);
 - closed kernel interfaces sandboxed code never needs: ptrace, process_vm_readv/writev, pidfd_*,
-  bpf, io_uring, keyrings, perf events, userfaultfd.
+  bpf, io_uring, keyrings, perf events, userfaultfd, and memfd_create/memfd_secret (anonymous
+  files whose pages RLIMIT_AS does not count).
 """
 
 from __future__ import annotations
@@ -33,18 +36,21 @@ class _Arch:
     audit_arch: int
     clone: int
     clone3: int
-    process_calls: tuple[int, ...]  # fork, vfork where they exist
-    signal_calls: tuple[int, ...]  # kill, tkill, tgkill: first argument is the target pid
-    denied: tuple[int, ...]  # ptrace, keyrings, perf_event_open, bpf, userfaultfd, io_uring, process_vm, pidfd
+    process_calls: tuple[int, ...]  # fork, vfork where they exist, execve, execveat
+    signal_calls: tuple[int, ...]  # kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo: arg 0 is the target
+    denied: tuple[int, ...]  # ptrace, keyrings, perf_event_open, bpf, userfaultfd, io_uring, process_vm, pidfd,
+    # memfd_create and memfd_secret (memory no limit of the sandbox counts)
     has_x32: bool
 
 
 _ARCHES = {
-    "x86_64": _Arch(0xC000003E, clone=56, clone3=435, process_calls=(57, 58), signal_calls=(62, 200, 234),
-                    denied=(101, 248, 249, 250, 298, 310, 311, 321, 323, 424, 425, 426, 427, 434, 438),
+    "x86_64": _Arch(0xC000003E, clone=56, clone3=435, process_calls=(57, 58, 59, 322),
+                    signal_calls=(62, 200, 234, 129, 297),
+                    denied=(101, 248, 249, 250, 298, 310, 311, 319, 321, 323, 424, 425, 426, 427, 434, 438, 447),
                     has_x32=True),
-    "aarch64": _Arch(0xC00000B7, clone=220, clone3=435, process_calls=(), signal_calls=(129, 130, 131),
-                     denied=(117, 217, 218, 219, 241, 270, 271, 280, 282, 424, 425, 426, 427, 434, 438),
+    "aarch64": _Arch(0xC00000B7, clone=220, clone3=435, process_calls=(221, 281),
+                     signal_calls=(129, 130, 131, 138, 240),
+                     denied=(117, 217, 218, 219, 241, 270, 271, 279, 280, 282, 424, 425, 426, 427, 434, 438, 447),
                      has_x32=False),
 }
 

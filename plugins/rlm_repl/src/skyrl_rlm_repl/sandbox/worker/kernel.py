@@ -7,6 +7,7 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 1, 38, 22, 2
+_PR_CAPBSET_DROP, _CAPABILITY_VERSION_3, _LAST_CAPABILITY = 24, 0x20080522, 63
 
 
 def die_with_parent(expected_parent_pid: int | None) -> None:
@@ -37,6 +38,33 @@ def install_seccomp(program: bytes) -> str | None:
         return None
     except (ImportError, OSError, AttributeError) as exc:
         return f"seccomp unavailable: {exc}"
+
+
+def drop_capabilities() -> str | None:
+    """Empty every capability set of this process (a root parent's worker would keep them all).
+
+    Returns a problem or None. A no-op for a process that holds none (the bwrap backend).
+    """
+    try:
+        with open("/proc/self/status") as status:
+            held = {key: value.strip() for key, value in (line.split(":", 1) for line in status if ":" in line)}
+    except OSError as exc:
+        return f"capabilities unknown: {exc}"
+    if int(held.get("CapEff", "0"), 16) == 0 and int(held.get("CapBnd", "0"), 16) == 0:
+        return None
+    try:
+        import ctypes
+
+        libc = _libc()
+        for capability in range(_LAST_CAPABILITY + 1):
+            libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0)  # EINVAL past the kernel's last: ignored
+        header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+        data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 words: all zero
+        if libc.capset(header, data) != 0:
+            return f"capset failed: {os.strerror(ctypes.get_errno())}"
+        return None
+    except (ImportError, OSError, AttributeError) as exc:
+        return f"capabilities not dropped: {exc}"
 
 
 def forget_ctypes() -> None:

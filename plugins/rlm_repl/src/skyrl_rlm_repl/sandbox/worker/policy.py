@@ -42,6 +42,7 @@ class SandboxPolicy:
         self._own_pid = os.getpid()
         self._realpath = os.path.realpath
         self._fsdecode = os.fsdecode
+        self._isdir = os.path.isdir
 
     def install(self) -> None:
         sys.addaudithook(self.check)
@@ -51,6 +52,7 @@ class SandboxPolicy:
             path, mode, flags = (tuple(args) + (None, None))[:3]
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
             self._check_path(path, writing)
+            self._check_directory_fd(path)
         elif event in _READ_PATH_EVENTS:
             self._check_path(args[0] if args else ".", writing=False)
         elif event in _WRITE_PATH_EVENTS:
@@ -75,6 +77,15 @@ class SandboxPolicy:
         elif event.startswith("ctypes."):
             raise PermissionError(f"ctypes is disabled in the sandbox ({event})")
 
+    def _check_directory_fd(self, path: object) -> None:
+        """Refuse directory descriptors outside the write roots: paths relative to one (``dir_fd``)
+        would be checked against the working directory instead of it."""
+        if isinstance(path, (str, bytes, os.PathLike)):
+            real = self._realpath(self._fsdecode(path))
+            if self._isdir(real) and not _under(real, self.write_roots):
+                raise PermissionError(f"opening the directory {real!r} as a file descriptor is not allowed in the "
+                                      "sandbox (only folders inside the private temp folder)")
+
     def _check_path(self, path: object, writing: bool) -> None:
         if path is None or isinstance(path, int):
             return  # an already open file descriptor
@@ -82,6 +93,10 @@ class SandboxPolicy:
             name = self._fsdecode(path)
             if name == ":memory:" or name == "":
                 return
+            if not os.path.isabs(name) and ".." in name.split(os.sep):
+                # The audit event does not say which directory a relative path is resolved in
+                # (``dir_fd``), so a path that climbs out of it cannot be checked: refuse it.
+                raise PermissionError(f"relative paths that go up ('..') are not allowed in the sandbox: {name!r}")
             real = self._realpath(name)
             if not writing and real in _READABLE_DEVICES:
                 return

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .capture import CappedStream, OutputBudget
+from .frozen import freeze
 
 # Parameter names of the standard sub-call stubs: positional arguments are sent under these names.
 RPC_PARAMETERS = {
@@ -26,35 +27,59 @@ _WORKER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class Repl:
-    """Executes code blocks in one namespace and restores the reserved names after each block."""
+    """Executes code blocks in one namespace; the scaffold is rebuilt before every block.
 
-    def __init__(self, context: Any, rpc_methods: Iterable[str], send_request: Callable[[str, dict], Any],
-                 max_output_chars: int, max_answer_chars: int, echo_last_expression: bool) -> None:
+    Everything in this process is reachable by model code, so nothing here is trusted: the parent
+    decides the final answer from the ``FINAL`` request it receives. Rebuilding the scaffold from
+    immutable sources (the compiled scaffold, the context text, a tuple snapshot of the builtins)
+    keeps a block's in-place edits (patched code objects, a mutated ``context``, replaced builtins)
+    from changing what later blocks are given.
+    """
+
+    def __init__(self, context_text: str | None, context_is_json: bool, rpc_methods: Iterable[str],
+                 send_request: Callable[[str, dict], Any], max_output_chars: int, echo_last_expression: bool) -> None:
         self.max_output_chars = max_output_chars
-        self.max_answer_chars = max_answer_chars
         self.echo_last_expression = echo_last_expression
-        self.final_answer: str | None = None
         self._count = 0
-        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        self.namespace.update(FINAL=self._final, FINAL_VAR=self._final_var, SHOW_VARS=self._show_vars,
-                              context=context)
-        for method in rpc_methods:
-            self.namespace[method] = _make_stub(method, send_request)
-        self._reserved: dict[str, Any] = {}
-        self._snapshot_reserved()
+        self._context_text = context_text
+        self._context_is_json = context_is_json
+        self._rpc_methods = tuple(rpc_methods)
+        self._send_request = send_request
+        self._scaffold: Any = None  # the compiled scaffold (code objects are immutable)
+        self._builtins = tuple(vars(builtins).items())
+        self._scaffold_names: frozenset[str] = frozenset()
+        self.namespace: dict[str, Any] = {"__name__": "__main__"}
+        self._install_scaffold()
 
     def run_scaffold(self, source: str) -> None:
-        """Run env-specific tool definitions; their top-level names become reserved too."""
+        """Compile env-specific tool definitions; their top-level names become reserved too."""
         if source:
-            exec(compile(source, "<scaffold>", "exec"), self.namespace)
-            self._snapshot_reserved()
+            self._scaffold = compile(source, "<scaffold>", "exec")
+            before = set(self.namespace)
+            self._install_scaffold()
+            self._scaffold_names = frozenset(name for name in set(self.namespace) - before
+                                             if not name.startswith("__"))
 
-    def _snapshot_reserved(self) -> None:
-        self._reserved = {name: value for name, value in self.namespace.items() if not name.startswith("__")}
+    def _install_scaffold(self) -> None:
+        table = vars(builtins)
+        table.clear()
+        table.update(self._builtins)
+        context: Any = self._context_text
+        if context is not None and self._context_is_json:
+            context = freeze(json.loads(context))
+        self.namespace.update(__builtins__=builtins, FINAL=self._final, FINAL_VAR=self._final_var,
+                              SHOW_VARS=self._show_vars, context=context)
+        for method in self._rpc_methods:
+            self.namespace[method] = _make_stub(method, self._send_request)
+        if self._scaffold is not None:
+            exec(self._scaffold, self.namespace)
+
+    def _reserved(self) -> frozenset[str]:
+        return frozenset({"FINAL", "FINAL_VAR", "SHOW_VARS", "context", *self._rpc_methods}) | self._scaffold_names
 
     def execute(self, code: str) -> dict:
         self._count += 1
-        self.final_answer = None
+        self._install_scaffold()
         budget = OutputBudget(self.max_output_chars)
         out, err = CappedStream(budget), CappedStream(budget)
         saved = sys.stdout, sys.stderr
@@ -66,16 +91,10 @@ class Repl:
             error = _format_exception(exc)
         finally:
             sys.stdout, sys.stderr = saved
-            self._restore_reserved()
-        if self.final_answer is not None and len(self.final_answer) > self.max_answer_chars:
-            error = (f"the final answer has {len(self.final_answer):,} characters, over the limit of "
-                     f"{self.max_answer_chars:,}; it was not submitted")
-            self.final_answer = None
         stdout = out.getvalue()
         if budget.cut:
             stdout += f"\n[... {budget.cut:,} more characters of output were cut (limit {self.max_output_chars:,})]"
-        return {"stdout": stdout, "stderr": err.getvalue(), "error": error, "truncated_chars": budget.cut,
-                "final_answer": self.final_answer}
+        return {"stdout": stdout, "stderr": err.getvalue(), "error": error, "truncated_chars": budget.cut}
 
     def _run(self, code: str, filename: str) -> None:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -90,26 +109,23 @@ class Repl:
         else:
             exec(compile(tree, filename, "exec"), self.namespace)
 
-    def _restore_reserved(self) -> None:
-        self.namespace["__builtins__"] = builtins
-        self.namespace.update(self._reserved)
-
     def user_variables(self) -> dict[str, str]:
+        reserved = self._reserved()
         return {name: type(value).__name__ for name, value in self.namespace.items()
-                if not name.startswith("_") and name not in self._reserved}
+                if not name.startswith("_") and name not in reserved}
 
     # --- scaffold functions visible to model code -------------------------------------------------
 
     def _final(self, answer: Any) -> None:
         """Submit ``answer`` (converted with str) as the final answer."""
-        self.final_answer = str(answer)
+        self._send_request("FINAL", {"answer": str(answer)})
 
     def _final_var(self, name: Any) -> None:
         """Submit the value of the variable called ``name`` as the final answer."""
         if not isinstance(name, str):
-            self.final_answer = str(name)
+            self._final(name)
         elif name.strip() in self.namespace:
-            self.final_answer = str(self.namespace[name.strip()])
+            self._final(self.namespace[name.strip()])
         else:
             print(f"Error: variable {name!r} not found. Available variables: {sorted(self.user_variables())}. "
                   "Assign the variable in a code block before calling FINAL_VAR on it.")

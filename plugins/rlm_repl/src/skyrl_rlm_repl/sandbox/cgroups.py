@@ -1,0 +1,208 @@
+"""Per-worker control groups: the limits that bind even for uid 0 inside the sandbox.
+
+RLIMIT_NPROC does not bind when the sandbox user maps to host root (the kernel exempts root), and
+RLIMIT_AS does not count tmpfs pages or memfd files. A ``pids`` and a ``memory`` cgroup per worker
+count every thread and every page the worker can pin. The worker joins its groups before it
+executes anything (``Popen(preexec_fn=...)``), so everything it starts is counted from the first
+instruction.
+
+Works with cgroup v1 (``/sys/fs/cgroup/{pids,memory}``) and v2 (a parent group with both
+controllers delegated), as root or wherever the hierarchy is writable. Where neither is, the
+sandbox falls back to RLIMIT_NPROC (binding for non-root users), bounded tmpfs sizes and no memfd.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_ROOT = Path("/sys/fs/cgroup")
+_PREFIX = "skyrl-sandbox-"
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class _Controller:
+    """One cgroup directory holding a worker, and the files that set and report its limit."""
+
+    parent: Path
+    limit_files: tuple[tuple[str, str | None], ...]  # (file, fixed value or None for the limit), in order
+    oom_file: str | None  # a 'key value' file whose oom_kill line counts OOM kills
+
+
+@dataclass(frozen=True)
+class CgroupSupport:
+    """Where per-worker groups go on this machine (``version`` 1 or 2)."""
+
+    version: int
+    pids: _Controller
+    memory: _Controller
+
+    def describe(self) -> str:
+        return f"cgroup v{self.version} (pids under {self.pids.parent}, memory under {self.memory.parent})"
+
+
+class WorkerCgroup:
+    """The groups of one worker: created with its limits, joined by the worker, removed after it."""
+
+    def __init__(self, support: CgroupSupport, pids_max: int, memory_bytes: int) -> None:
+        name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
+        self.support = support
+        self.dirs: list[Path] = []
+        try:
+            for controller, value in ((support.pids, pids_max), (support.memory, memory_bytes)):
+                folder = controller.parent / name
+                if folder not in self.dirs:
+                    folder.mkdir()
+                    self.dirs.append(folder)
+                for filename, fixed in controller.limit_files:
+                    if (folder / filename).exists():
+                        (folder / filename).write_text(fixed or str(value))
+        except OSError:
+            self.remove()
+            raise
+        self._procs_paths = [str(folder / "cgroup.procs") for folder in self.dirs]
+
+    def join(self) -> None:
+        """Move the calling process into the groups (runs in the forked child, before exec)."""
+        for path in self._procs_paths:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    def task_count(self) -> int | None:
+        """Threads and processes in the worker's pids group right now (None once removed)."""
+        try:
+            return int((self.dirs[0] / "pids.current").read_text())
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of this worker for exceeding the memory limit."""
+        controller = self.support.memory
+        if controller.oom_file is None:
+            return False
+        try:
+            text = (controller.parent / self.dirs[-1].name / controller.oom_file).read_text()
+        except (OSError, IndexError):
+            return False
+        counts = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
+        return int(counts.get("oom_kill", "0")) > 0
+
+    def remove(self) -> None:
+        """Kill whatever is left in the groups, then remove them (idempotent)."""
+        for folder in self.dirs:
+            _remove_group(folder)
+        self.dirs = []
+
+
+@functools.cache
+def cgroup_support() -> CgroupSupport | None:
+    """How per-worker groups can be made here, or None (probed once per process)."""
+    return _probe_v1() or _probe_v2()
+
+
+def _probe_v1() -> CgroupSupport | None:
+    own = _own_groups()
+    pids_root, memory_root = _ROOT / "pids", _ROOT / "memory"
+    if not (pids_root / "cgroup.procs").exists() or not (memory_root / "cgroup.procs").exists():
+        return None
+    pids_parent = pids_root / own.get("pids", "/").lstrip("/")
+    memory_parent = memory_root / own.get("memory", "/").lstrip("/")
+    if not (_writable(pids_parent) and _writable(memory_parent)):
+        return None
+    return CgroupSupport(
+        1, _Controller(pids_parent, (("pids.max", None),), None),
+        _Controller(memory_parent, (("memory.limit_in_bytes", None), ("memory.memsw.limit_in_bytes", None)),
+                    "memory.oom_control"))
+
+
+def _probe_v2() -> CgroupSupport | None:
+    own = _own_groups().get("")
+    if own is None or not (_ROOT / "cgroup.controllers").exists():
+        return None
+    # A group holding processes cannot hand controllers to children, so workers go beside ours.
+    parent = (_ROOT / own.lstrip("/")).parent
+    try:
+        enabled = set((parent / "cgroup.subtree_control").read_text().split())
+    except OSError:
+        return None
+    if not {"pids", "memory"} <= enabled or not _writable(parent):
+        return None
+    memory = _Controller(parent, (("memory.max", None), ("memory.swap.max", "0")), "memory.events")
+    return CgroupSupport(2, _Controller(parent, (("pids.max", None),), None), memory)
+
+
+def _own_groups() -> dict[str, str]:
+    """This process's group per controller ('' is the v2 hierarchy), from /proc/self/cgroup."""
+    groups = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return groups
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            groups[controller] = path
+    return groups
+
+
+def _writable(folder: Path) -> bool:
+    return folder.is_dir() and os.access(folder, os.W_OK)
+
+
+def _remove_group(folder: Path) -> None:
+    for _ in range(50):
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # still populated: kill the stragglers, give the kernel a moment
+            _kill_members(folder)
+            time.sleep(0.01)
+
+
+def _kill_members(folder: Path) -> None:
+    try:
+        pids = (folder / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass
+
+
+def sweep_stale_groups() -> int:
+    """Kill and remove the groups of owners that died without cleaning up; returns how many."""
+    support = cgroup_support()
+    if support is None:
+        return 0
+    removed = 0
+    for parent in {support.pids.parent, support.memory.parent}:
+        for folder in parent.glob(f"{_PREFIX}*"):
+            owner = folder.name[len(_PREFIX):].split("-", 1)[0]
+            if owner.isdigit() and not alive(int(owner)):
+                _remove_group(folder)
+                removed += 1
+    return removed
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (owned by anyone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
