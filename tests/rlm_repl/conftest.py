@@ -6,10 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hostile import BACKENDS, hostile_config
 from skyrl_core.testing.scripted_engine import ScriptedEngine
 from skyrl_core.testing.tokenizers import make_tokenizer
 from skyrl_rlm_repl.env import RLMReplEnv
 from skyrl_rlm_repl.evidence.dataset import load_tasks
+from skyrl_rlm_repl.sandbox import Sandbox
 
 CONTEXT_TASK = {"id": "capital", "prompt": "What is the capital of France?",
                 "context": "Notes: the capital of France is Paris.", "answer": "Paris"}
@@ -59,3 +61,14 @@ def scripted_policy(tokenizer: Any, choose: Callable[[str, str, int], str]) -> S
         return choose(users[0], users[-1], text.count("<|im_start|>assistant\n") - 1)
 
     return ScriptedEngine(tokenizer, default=reply)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def sandbox(backend):
+    async with await Sandbox.create(hostile_config(backend), context="public context") as box:
+        yield box

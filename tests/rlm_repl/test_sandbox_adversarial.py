@@ -12,30 +12,14 @@ import re
 from pathlib import Path
 
 import pytest
-from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxError
-from skyrl_rlm_repl.sandbox.launch import bwrap_problem
+from hostile import BWRAP_SKIP, FIND_CHANNEL, FIND_TOKEN, FRAME, IS_PIPE, WRITE_ALL, hostile_config, still_healthy
+from skyrl_rlm_repl.sandbox import Sandbox, SandboxError
+from skyrl_rlm_repl.sandbox import sandbox as sandbox_module
+from skyrl_rlm_repl.sandbox.cgroups import cgroup_support
 
-BWRAP_SKIP = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
-BACKENDS = [pytest.param("bwrap", marks=BWRAP_SKIP), "subprocess"]
 REPO = Path(__file__).resolve().parents[2]
 FAKE_KEY = "sk-fake-4f9d2c7e1b-do-not-leak"
 CONTAINED = re.compile(r"PermissionError: .* outside the sandbox|FileNotFoundError")
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
-
-
-def hostile_config(backend: str, **overrides) -> SandboxConfig:
-    return SandboxConfig(**{"backend": backend, "exec_timeout_s": 2.0, "cpu_time_s": 20, "memory_mb": 512,
-                            **overrides})
-
-
-@pytest.fixture
-async def sandbox(backend):
-    async with await Sandbox.create(hostile_config(backend), context="public context") as box:
-        yield box
 
 
 @pytest.fixture
@@ -48,11 +32,6 @@ def host_secret(tmp_path) -> Path:
 def in_sandbox_tmp(box: Sandbox, path: str | Path) -> bool:
     """With bwrap, /tmp inside the sandbox is a private tmpfs, so host paths there simply do not exist."""
     return box.backend == "bwrap" and str(path).startswith("/tmp/")
-
-
-async def still_healthy(box: Sandbox) -> bool:
-    result = await box.execute("print(context, 6 * 7)")
-    return result.error is None and result.stdout == "public context 42\n"
 
 
 # --- files outside the sandbox --------------------------------------------------------------------
@@ -217,9 +196,6 @@ async def test_starting_processes_is_refused(sandbox, code):
     assert await still_healthy(sandbox)
 
 
-TAMPER_POLICY = ("import gc\n"
-                 "policy = next(o for o in gc.get_objects() if type(o).__name__ == 'SandboxPolicy')\n"
-                 "policy.allow_subprocesses = True\n")
 FORK_BOMB = ("import os\n"
              "while True:\n"
              "    try:\n"
@@ -243,8 +219,9 @@ async def test_fork_bomb_fails_in_the_kernel_even_with_the_policy_tampered(backe
 
 @BWRAP_SKIP
 async def test_fork_bomb_with_subprocesses_allowed_is_capped_by_the_process_limit():
-    if os.geteuid() == 0:
-        pytest.skip("root is exempt from RLIMIT_NPROC, so allow_subprocesses is refused (tested below)")
+    if os.geteuid() == 0 and cgroup_support() is None:
+        pytest.skip("root is exempt from RLIMIT_NPROC and no cgroup is writable, so allow_subprocesses is refused "
+                    "(tested below)")
     config = hostile_config("bwrap", allow_subprocesses=True, max_processes=16, exec_timeout_s=3)
     async with await Sandbox.create(config, context="public context") as box:
         pid = box.pid
@@ -273,10 +250,11 @@ async def test_allowing_subprocesses_without_bwrap_is_refused():
 
 
 @BWRAP_SKIP
-async def test_allowing_subprocesses_as_root_is_refused():
+async def test_allowing_subprocesses_as_root_without_a_cgroup_is_refused(monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("only root is exempt from RLIMIT_NPROC")
-    with pytest.raises(SandboxError, match="refused when running as root"):
+    monkeypatch.setattr(sandbox_module, "cgroup_support", lambda: None)
+    with pytest.raises(SandboxError, match="refused when running as root without a writable cgroup"):
         await Sandbox.create(hostile_config("bwrap", allow_subprocesses=True))
 
 
@@ -398,18 +376,6 @@ async def test_writing_straight_to_file_descriptors_does_not_reach_the_host(sand
 
 
 # --- the RPC channel ---------------------------------------------------------------------------------------
-
-FIND_CHANNEL = "import os\npipes = [fd for fd in range(3, 64) if _is_pipe(fd)]\n"
-WRITE_ALL = "for fd in pipes:\n    try:\n        os.write(fd, {payload})\n    except OSError:\n        pass\n"
-IS_PIPE = ("def _is_pipe(fd):\n    import os, stat\n    try:\n        return stat.S_ISFIFO(os.fstat(fd).st_mode)\n"
-           "    except OSError:\n        return False\n")
-
-
-# The current execution's token, as code that reads the worker's memory can find it.
-FIND_TOKEN = ("import gc\ntoken = next(o for o in gc.get_objects() "
-              "if type(o).__name__ == 'RequestSender').token.encode()\n")
-FRAME = "(lambda m: len(m).to_bytes(4, 'big') + m)"
-
 
 @pytest.mark.parametrize("payload, reason", [
     ("b'\\xff\\xff\\xff\\xff'", "exceeds the limit"),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import protocol
+from .cgroups import cgroup_support
 from .config import SandboxConfig
 from .pool import SandboxPool
 from .process import WorkerProcess
@@ -344,9 +345,10 @@ def _check_subprocesses_allowed(config: SandboxConfig, pool: SandboxPool) -> Non
     if pool.backend != "bwrap":
         raise SandboxError("allow_subprocesses needs the bwrap backend: a child process would escape the "
                            f"{pool.backend!r} backend's in-process policy")
-    if os.geteuid() == 0:
-        raise SandboxError("allow_subprocesses is refused when running as root: the kernel exempts root's "
-                           "processes from RLIMIT_NPROC, so max_processes could not stop a fork bomb")
+    if os.geteuid() == 0 and cgroup_support() is None:
+        raise SandboxError("allow_subprocesses is refused when running as root without a writable cgroup: the "
+                           "kernel exempts root's processes from RLIMIT_NPROC, so max_processes could not stop "
+                           "a fork bomb")
 
 
 def _encode_context(context: Any) -> tuple[str, bytes]:

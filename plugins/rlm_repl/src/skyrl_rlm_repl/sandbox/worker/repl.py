@@ -67,8 +67,9 @@ class Repl:
         context: Any = self._context_text
         if context is not None and self._context_is_json:
             context = freeze(json.loads(context))
-        self.namespace.update(__builtins__=builtins, FINAL=self._final, FINAL_VAR=self._final_var,
-                              SHOW_VARS=self._show_vars, context=context)
+        final, final_var, show_vars = _make_answer_functions(self)  # fresh objects: nothing patched carries over
+        self.namespace.update(__builtins__=builtins, FINAL=final, FINAL_VAR=final_var, SHOW_VARS=show_vars,
+                              context=context)
         for method in self._rpc_methods:
             self.namespace[method] = _make_stub(method, self._send_request)
         if self._scaffold is not None:
@@ -114,26 +115,32 @@ class Repl:
         return {name: type(value).__name__ for name, value in self.namespace.items()
                 if not name.startswith("_") and name not in reserved}
 
-    # --- scaffold functions visible to model code -------------------------------------------------
-
-    def _final(self, answer: Any) -> None:
-        """Submit ``answer`` (converted with str) as the final answer."""
+    def submit(self, answer: Any) -> None:
+        """Send ``answer`` (converted with str) to the parent, which records it as this block's final answer."""
         self._send_request("FINAL", {"answer": str(answer)})
 
-    def _final_var(self, name: Any) -> None:
+
+def _make_answer_functions(repl: Repl) -> tuple[Callable[..., Any], ...]:
+    def FINAL(answer: Any) -> None:  # noqa: N802 - the name model code calls
+        """Submit ``answer`` (converted with str) as the final answer."""
+        repl.submit(answer)
+
+    def FINAL_VAR(name: Any) -> None:  # noqa: N802
         """Submit the value of the variable called ``name`` as the final answer."""
         if not isinstance(name, str):
-            self._final(name)
-        elif name.strip() in self.namespace:
-            self._final(self.namespace[name.strip()])
+            repl.submit(name)
+        elif name.strip() in repl.namespace:
+            repl.submit(repl.namespace[name.strip()])
         else:
-            print(f"Error: variable {name!r} not found. Available variables: {sorted(self.user_variables())}. "
+            print(f"Error: variable {name!r} not found. Available variables: {sorted(repl.user_variables())}. "
                   "Assign the variable in a code block before calling FINAL_VAR on it.")
 
-    def _show_vars(self) -> str:
+    def SHOW_VARS() -> str:  # noqa: N802
         """The variables created so far, with their types."""
-        variables = self.user_variables()
+        variables = repl.user_variables()
         return _Text(f"Available variables: {variables}" if variables else "No variables created yet.")
+
+    return FINAL, FINAL_VAR, SHOW_VARS
 
 
 class _Text(str):
