@@ -12,7 +12,17 @@ import re
 from pathlib import Path
 
 import pytest
-from hostile import BWRAP_SKIP, FIND_CHANNEL, FIND_TOKEN, FRAME, IS_PIPE, WRITE_ALL, hostile_config, still_healthy
+from hostile import (
+    BWRAP_SKIP,
+    FIND_CHANNEL,
+    FIND_TOKEN,
+    FRAME,
+    IS_PIPE,
+    TAMPER_POLICY,
+    WRITE_ALL,
+    hostile_config,
+    still_healthy,
+)
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxError
 from skyrl_rlm_repl.sandbox import sandbox as sandbox_module
 from skyrl_rlm_repl.sandbox.cgroups import cgroup_support
