@@ -110,10 +110,6 @@ def test_empty_results_say_so():
     assert "The query returned no rows." in query(started_env(), "SELECT * FROM employees WHERE 1 = 0")
 
 
-def test_schema_pragmas_are_allowed_for_exploration():
-    assert "salary" in query(started_env(), "PRAGMA table_info(employees)")
-
-
 def test_reset_starts_a_clean_episode():
     env = started_env()
     query(env, "SELECT * FROM nope")

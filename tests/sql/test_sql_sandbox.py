@@ -49,7 +49,7 @@ SQLITE_ONLY = [
 DUCKDB_ONLY = [
     ("SET enable_external_access = true", "Refused: SET"),
     ("PRAGMA enable_profiling", "Refused: PRAGMA enable_profiling"),
-    ("INSTALL httpfs", "Refused: LOAD"),
+    ("INSTALL httpfs", "Refused: INSTALL"),
     ("LOAD '/tmp/evil.duckdb_extension'", "Refused: LOAD"),
     ("COPY employees TO 'stolen.csv'", "Refused: COPY"),
     ("EXPORT DATABASE 'dump'", "Refused: EXPORT"),

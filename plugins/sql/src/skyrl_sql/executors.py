@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from skyrl_sql.guard import READ_ONLY_HINT, SQLiteGuard, duckdb_refusal
+from skyrl_sql.guard import READ_ONLY_HINT, SQLiteGuard, declare_pragma_functions, duckdb_refusal
 from skyrl_sql.result import QueryRequest, QueryResult
 
 _PROGRESS_EVERY = 5_000  # SQLite VM instructions between deadline checks
@@ -51,7 +51,7 @@ class _GuardedSQLite(sqlite3.Connection):
     deadline: float
 
     def arm(self, request: QueryRequest) -> None:
-        self.guard.refusal = None
+        self.guard.arm(request.sql)
         self.deadline = time.monotonic() + request.timeout_s
         self.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(request.max_bytes, 1_000))  # no single giant value
 
@@ -69,6 +69,7 @@ def _sqlite_connect(db_path: str) -> _GuardedSQLite:
     conn.execute("PRAGMA trusted_schema = OFF")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    declare_pragma_functions(conn)
     conn.guard = SQLiteGuard()
     conn.deadline = 0.0
     conn.set_authorizer(conn.guard)
@@ -122,7 +123,7 @@ def _duckdb_execute(conn: Any, request: QueryRequest) -> QueryResult:
         return QueryResult("error", message=str(exc))
     if len(statements) != 1:
         return QueryResult("error", message=f"write exactly one statement per query, got {len(statements)}.")
-    refusal = duckdb_refusal(statements[0].type.name, request.sql)
+    refusal = duckdb_refusal(conn, statements[0].type.name, request.sql)
     if refusal is not None:
         return QueryResult("refused", message=f"Refused: {refusal} {READ_ONLY_HINT}")
     deadline = time.monotonic() + request.timeout_s
