@@ -60,10 +60,13 @@ class Repl:
             self._scaffold_names = frozenset(name for name in set(self.namespace) - before
                                              if not name.startswith("__"))
 
-    def _install_scaffold(self) -> None:
+    def _restore_builtins(self) -> None:
         table = vars(builtins)
         table.clear()
         table.update(self._builtins)
+
+    def _install_scaffold(self) -> None:
+        self._restore_builtins()
         context: Any = self._context_text
         if context is not None and self._context_is_json:
             context = freeze(json.loads(context))
@@ -91,6 +94,7 @@ class Repl:
         except BaseException as exc:  # noqa: B036 - model code may raise anything, SystemExit included
             error = _format_exception(exc)
         finally:
+            self._restore_builtins()  # the worker's own code runs next
             sys.stdout, sys.stderr = saved
         stdout = out.getvalue()
         if budget.cut:
