@@ -10,7 +10,7 @@ python=${PYTHON:-python3}
 
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
   echo "installing bubblewrap (sandboxes for model-written code)"
-  apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null || echo "bubblewrap unavailable: sandboxes fall back to limited subprocesses"
+  apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null || echo "bubblewrap unavailable: envs that run model code (rlm_repl) will refuse to start until it is installed, or until you opt in to sandbox.backend=subprocess"
 fi
 
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"

@@ -1,7 +1,7 @@
 """Isolated, persistent Python REPL for model-written code.
 
-Each sandbox is one worker process (bubblewrap namespaces where available, else a limited
-subprocess) that keeps its namespace across :meth:`Sandbox.execute` calls and forwards sub-model
+Each sandbox is one worker process (bubblewrap namespaces; a limited subprocess only when the
+user opts in) that keeps its namespace across :meth:`Sandbox.execute` calls and forwards sub-model
 calls (``llm_query`` and friends) to an async handler in the parent.
 """
 
