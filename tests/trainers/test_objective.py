@@ -40,7 +40,8 @@ def test_gradient_is_invariant_to_micro_batch_size(reduction, policy_loss):
     split_count, split = gradient(model, cfg, budget=14)
     assert (whole_count, split_count) == (1, 5)
     assert whole.abs().max() > 0
-    torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-7)
+    # float32 sums in another order differ by ~1e-6 of the largest gradient, whatever the CPU's kernels
+    torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-5 * float(whole.abs().max()))
 
 
 def test_per_micro_batch_mean_would_not_be_invariant():
