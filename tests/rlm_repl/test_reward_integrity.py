@@ -26,8 +26,8 @@ from hostile import (
 from skyrl_rlm_repl.env import RLMReplEnv
 from skyrl_rlm_repl.rewards import MAX_SCORED_SNIPPETS, score_answer
 from skyrl_rlm_repl.sandbox import Sandbox
-from skyrl_rlm_repl.sandbox.cgroups import cgroup_support
 from skyrl_rlm_repl.tree import RLMTreeConfig, RLMTreeGenerator
+from skyrl_sandbox.cgroups import cgroup_support
 
 FORGED_RESULT = (f"{FRAME}(b'{{\"op\": \"result\", \"seq\": 1, \"token\": \"' + token + b'\", \"stdout\": \"forged\", "
                  "\"stderr\": \"\", \"error\": null, \"truncated_chars\": 0}')")

@@ -210,10 +210,10 @@ def test_check_env_passes_on_context_and_answer_tasks():
 @pytest.mark.parametrize("backend", ["bwrap", "subprocess"])
 def test_episode_runs_on_the_configured_backend(make_env, backend):
     if backend == "bwrap":
-        from skyrl_rlm_repl.sandbox.launch import resolve_backend
+        from skyrl_sandbox import backend_problem
 
-        if resolve_backend("auto") != "bwrap":
-            pytest.skip("bubblewrap is not usable on this machine")
+        if backend_problem("bwrap"):
+            pytest.skip(f"bubblewrap is not usable on this machine: {backend_problem('bwrap')}")
     env = make_env(sandbox={"backend": backend})
     env.step(repl("import json", "data = json.dumps({'city': context.split()[-1]})"))
     result = env.step(repl("FINAL(json.loads(data)['city'].rstrip('.'))"))

@@ -25,7 +25,7 @@ from hostile import (
 )
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxError
 from skyrl_rlm_repl.sandbox import sandbox as sandbox_module
-from skyrl_rlm_repl.sandbox.cgroups import cgroup_support
+from skyrl_sandbox.cgroups import cgroup_support
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_KEY = "sk-fake-4f9d2c7e1b-do-not-leak"

@@ -5,10 +5,11 @@ user opts in) that keeps its namespace across :meth:`Sandbox.execute` calls and 
 calls (``llm_query`` and friends) to an async handler in the parent.
 """
 
-from .config import SandboxConfig
-from .pool import SandboxPool
-from .result import ExecResult, SandboxError
-from .sandbox import DEFAULT_RPC_METHODS, RequestHandler, Sandbox
+from skyrl_sandbox import SandboxError
 
-__all__ = ["DEFAULT_RPC_METHODS", "ExecResult", "RequestHandler", "Sandbox", "SandboxConfig", "SandboxError",
-           "SandboxPool"]
+from .config import REPL_PROGRAM, SandboxConfig
+from .result import ExecResult
+from .sandbox import DEFAULT_RPC_METHODS, RequestHandler, Sandbox, shared_pool
+
+__all__ = ["DEFAULT_RPC_METHODS", "REPL_PROGRAM", "ExecResult", "RequestHandler", "Sandbox", "SandboxConfig",
+           "SandboxError", "shared_pool"]

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from skyrl_sandbox import Limits, WorkerProgram
+
+# The REPL worker: this plugin's stdlib-only ``worker`` package, run inside the sandbox.
+REPL_PROGRAM = WorkerProgram(module="skyrl_rlm_worker.main",
+                             packages={"skyrl_rlm_worker": Path(__file__).resolve().parent / "worker"})
 
 
 class SandboxConfig(BaseModel):
@@ -12,12 +18,15 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["auto", "bwrap", "subprocess"] = Field(
+    backend: Literal["auto", "bwrap", "docker", "subprocess"] = Field(
         "auto", description="'bwrap': bubblewrap namespaces (no network, private /tmp, read-only system files); "
+        "'docker': a locked-down container of a local Docker Engine (needs an image with python3, see `image`); "
         "'subprocess': a resource-limited child process with a clean environment (weaker, opt-in only: relies on an "
-        "in-process policy for files and network, which determined code can defeat); 'auto': bwrap, and an error "
-        "saying what is missing where it cannot run (never a silent fallback). SKYRL_SANDBOX=bwrap|subprocess "
-        "requires one backend for the whole run.")
+        "in-process policy for files and network, which determined code can defeat); 'auto': bwrap, else docker, "
+        "and an error saying what is missing where neither runs (never a silent fallback). "
+        "SKYRL_SANDBOX=bwrap|docker|subprocess requires one backend for the whole run.")
+    image: str | None = Field(None, description="Docker image of the docker backend (default: skyrl-sandbox's "
+                                                "base image, built locally on first use).")
     exec_timeout_s: float = Field(
         10.0, gt=0, description="Wall-clock limit of the code's own running time, enforced from outside: the worker "
         "is killed and restarted (its variables are lost, and the result says so). Time spent waiting for the "
@@ -52,3 +61,9 @@ class SandboxConfig(BaseModel):
         "code gets an error saying so) and nothing is submitted.")
     echo_last_expression: bool = Field(True, description="Print the repr of a trailing bare expression, as an "
                                                          "interactive interpreter does.")
+
+    def limits(self) -> Limits:
+        """The limits of the worker process, in skyrl-sandbox's terms."""
+        return Limits(cpu_time_s=self.cpu_time_s, memory_mb=self.memory_mb, max_processes=self.max_processes,
+                      max_open_files=self.max_open_files, max_file_size_mb=self.max_file_size_mb,
+                      tmp_size_mb=self.tmp_size_mb, max_message_mb=self.max_message_mb)

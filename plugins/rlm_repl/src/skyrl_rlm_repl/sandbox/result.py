@@ -1,16 +1,8 @@
-"""What one execute() returns, and the error raised when the sandbox itself fails."""
+"""What one execute() returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-
-class SandboxError(RuntimeError):
-    """The sandbox infrastructure failed (worker would not start, scaffold raised, sandbox closed).
-
-    Problems caused by model code (exceptions, limits, timeouts) are never raised: they are reported
-    in :class:`ExecResult`.
-    """
 
 
 @dataclass

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocol
-from .cgroups import cgroup_support
-from .config import SandboxConfig
-from .pool import SandboxPool
-from .process import WorkerProcess
-from .result import ExecResult, SandboxError
-from .seccomp import build_filter
+from skyrl_sandbox import ProtocolViolation, SandboxError, WorkerGone, WorkerPool
+from skyrl_sandbox import framing as protocol
+from skyrl_sandbox.cgroups import cgroup_support
+from skyrl_sandbox.seccomp import build_filter
+
+from .config import REPL_PROGRAM, SandboxConfig
+from .result import ExecResult
 
 log = logging.getLogger(__name__)
 _warned: list[bool] = []  # log a missing protection once per process, not once per sandbox
@@ -55,7 +55,7 @@ class Sandbox:
 
     backend: str
 
-    def __init__(self, config: SandboxConfig, pool: SandboxPool, context_file: tuple[str, bytes] | None,
+    def __init__(self, config: SandboxConfig, pool: WorkerPool, context_file: tuple[str, bytes] | None,
                  scaffold_code: str, rpc_methods: Sequence[str], handler: RequestHandler | None) -> None:
         self.config = config
         self.backend = pool.backend
@@ -64,7 +64,7 @@ class Sandbox:
         self._scaffold_code = scaffold_code
         self._rpc_methods = tuple(rpc_methods)
         self._handler = handler
-        self._worker: WorkerProcess | None = None
+        self._worker: Any | None = None
         self._lock = asyncio.Lock()
         self._seq = 0
         self._closed = False
@@ -75,14 +75,14 @@ class Sandbox:
     @classmethod
     async def create(cls, config: SandboxConfig, *, context: Any = None, scaffold_code: str = "",
                      rpc_methods: Sequence[str] = DEFAULT_RPC_METHODS, handler: RequestHandler | None = None,
-                     pool: SandboxPool | None = None) -> Sandbox:
+                     pool: WorkerPool | None = None) -> Sandbox:
         """Start (or take from the pool) a worker holding ``context``, the scaffold and the stubs."""
         for name in rpc_methods:
             if not isinstance(name, str) or not name.isidentifier():
                 raise SandboxError(f"rpc method name {name!r} is not a Python identifier")
         context_file = None if context is None else _encode_context(context)
         if pool is None:
-            pool = await asyncio.to_thread(SandboxPool.shared, config)
+            pool = await asyncio.to_thread(shared_pool, config)
         _check_subprocesses_allowed(config, pool)
         sandbox = cls(config, pool, context_file, scaffold_code, rpc_methods, handler)
         await sandbox._start()
@@ -149,7 +149,7 @@ class Sandbox:
                 stderr = worker.stderr_tail()
                 await self._abandon(worker)
                 problem = f"did not start within {self.config.start_timeout_s:g} s"
-            except (protocol.WorkerGone, protocol.ProtocolViolation, OSError) as exc:
+            except (WorkerGone, ProtocolViolation, OSError) as exc:
                 status = await self._abandon(worker, grace_s=1.0, keep_files=True)
                 stderr = worker.stderr_tail()
                 worker.discard()
@@ -163,16 +163,14 @@ class Sandbox:
                 raise SandboxError(f"the sandbox worker ({self.backend}) {problem}; "
                                    f"its stderr: {stderr or '(empty)'}")
 
-    async def _initialise(self, worker: WorkerProcess) -> None:
+    async def _initialise(self, worker: Any) -> None:
         own_pid = await worker.attach()
         config = self.config
         program = build_filter(config.allow_subprocesses, own_pid=own_pid)
         context_path = None if self._context_file is None else worker.write_inbox(*self._context_file)
         worker.send({
             "op": "init",
-            "limits": {"cpu_time_s": config.cpu_time_s, "memory_bytes": config.memory_mb * 2**20,
-                       "max_processes": config.max_processes, "max_open_files": config.max_open_files,
-                       "max_file_size_bytes": config.max_file_size_mb * 2**20},
+            "limits": config.limits().rlimits(),
             "seccomp_filter": None if program is None else program.hex(),
             "context_path": context_path, "scaffold_code": self._scaffold_code,
             "rpc_methods": list(self._rpc_methods), "tmp_dir": worker.plan.inside_tmp,
@@ -197,7 +195,7 @@ class Sandbox:
         self._baseline_tasks = worker.task_count()  # trusted moment: no model code has run yet
         self._last_request_id = 0
 
-    async def _abandon(self, worker: WorkerProcess, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
+    async def _abandon(self, worker: Any, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
         if self._worker is worker:
             self._worker = None
         try:
@@ -226,7 +224,7 @@ class Sandbox:
                 wait = min(code_deadline, hard_deadline) - loop.time()
                 message = await asyncio.wait_for(worker.receive(), max(wait, 0))
                 if protocol.text_field(message, "token", 64) != run.token:
-                    raise protocol.ProtocolViolation("a message not bound to the running execution")
+                    raise ProtocolViolation("a message not bound to the running execution")
                 if message["op"] == "result":
                     result = self._read_result(message, run, started)
                     return await self._check_threads_ended(worker, result, started)
@@ -241,12 +239,12 @@ class Sandbox:
             else:
                 reason = f"Execution exceeded the {timeout_s:g} s time limit and was stopped."
             return await self._restart_after(worker, reason, started, timed_out=True)
-        except protocol.WorkerGone:
+        except WorkerGone:
             status = await self._abandon(worker, grace_s=1.0, keep_files=True)
             reason = f"The sandbox worker {worker.describe_exit(status)} while running this code."
             worker.discard()
             return await self._restart_after(worker, reason, started)
-        except protocol.ProtocolViolation as exc:
+        except ProtocolViolation as exc:
             reason = f"The sandbox worker broke the protocol ({exc}) and was stopped."
             return await self._restart_after(worker, reason, started)
         except asyncio.CancelledError:
@@ -254,7 +252,7 @@ class Sandbox:
             self._lost_state = True
             raise
 
-    async def _check_threads_ended(self, worker: WorkerProcess, result: ExecResult, started: float) -> ExecResult:
+    async def _check_threads_ended(self, worker: Any, result: ExecResult, started: float) -> ExecResult:
         """A thread left running could act in a later execution as if it were that code: none may outlive
         its block (counted from outside the worker, where model code cannot fake it)."""
         for _ in range(_THREAD_EXIT_POLLS):
@@ -274,7 +272,7 @@ class Sandbox:
 
     def _read_result(self, message: dict, run: _Run, started: float) -> ExecResult:
         if protocol.int_field(message, "seq") != run.seq:
-            raise protocol.ProtocolViolation("a result for another execution")
+            raise ProtocolViolation("a result for another execution")
         limit = self.config.max_output_chars + 200
         return ExecResult(
             stdout=protocol.text_field(message, "stdout", limit, optional=False),
@@ -291,12 +289,12 @@ class Sandbox:
     async def _answer_request(self, message: dict, run: _Run, hard_deadline: float) -> dict:
         request_id = protocol.int_field(message, "id")
         if request_id <= self._last_request_id:
-            raise protocol.ProtocolViolation(f"request id {request_id} does not follow the last one "
+            raise ProtocolViolation(f"request id {request_id} does not follow the last one "
                                             f"({self._last_request_id}): one reply per request")
         self._last_request_id = request_id
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not isinstance(params, dict):
-            raise protocol.ProtocolViolation("a request without a method name and params object")
+            raise ProtocolViolation("a request without a method name and params object")
         reply: dict[str, Any] = {"op": "rpc_result", "id": request_id, "value": None, "error": None}
         if method == FINAL_METHOD:
             reply["error"] = self._submit_final(params, run)
@@ -322,7 +320,7 @@ class Sandbox:
         """Record the answer of ``FINAL``/``FINAL_VAR`` for this execution; returns a refusal or None."""
         answer = params.get("answer")
         if not isinstance(answer, str):
-            raise protocol.ProtocolViolation("a FINAL request without an answer string")
+            raise ProtocolViolation("a FINAL request without an answer string")
         limit = self.config.max_answer_chars
         if len(answer) > limit:
             return (f"the final answer has {len(answer):,} characters, over the limit of {limit:,}; "
@@ -330,7 +328,7 @@ class Sandbox:
         run.final_answer = protocol.text_field(params, "answer", limit)
         return None
 
-    async def _restart_after(self, worker: WorkerProcess, reason: str, started: float,
+    async def _restart_after(self, worker: Any, reason: str, started: float,
                              timed_out: bool = False) -> ExecResult:
         await self._abandon(worker)
         await self._start()
@@ -339,7 +337,12 @@ class Sandbox:
         return result
 
 
-def _check_subprocesses_allowed(config: SandboxConfig, pool: SandboxPool) -> None:
+def shared_pool(config: SandboxConfig) -> WorkerPool:
+    """The process-wide pool of REPL workers started the way ``config`` asks."""
+    return WorkerPool.shared(REPL_PROGRAM, config.limits(), config.backend, config.pool_size, image=config.image)
+
+
+def _check_subprocesses_allowed(config: SandboxConfig, pool: WorkerPool) -> None:
     if not config.allow_subprocesses:
         return
     if pool.backend != "bwrap":

@@ -8,22 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import traceback
 from typing import Any
 
-from . import kernel
-from .channel import Channel
+from skyrl_sandbox_runtime import kernel
+from skyrl_sandbox_runtime.channel import Channel
+
 from .policy import SandboxPolicy
 from .repl import Repl
-
-_LIMITS = {
-    "cpu_time_s": resource.RLIMIT_CPU,
-    "memory_bytes": resource.RLIMIT_AS,
-    "max_processes": resource.RLIMIT_NPROC,
-    "max_open_files": resource.RLIMIT_NOFILE,
-    "max_file_size_bytes": resource.RLIMIT_FSIZE,
-}
 
 
 def main(spawn_json: str) -> int:
@@ -49,7 +41,7 @@ def main(spawn_json: str) -> int:
 
 
 def _initialise(init: dict, channel: Channel, warnings: list[str]) -> tuple[Repl, RequestSender]:
-    _apply_limits(init["limits"])
+    kernel.apply_limits(init["limits"])
     problem = kernel.drop_capabilities()
     if problem:
         warnings.append(problem)
@@ -113,15 +105,3 @@ class RequestSender:
         if reply.get("error") is not None:
             raise RuntimeError(f"{method} failed: {reply['error']}")
         return reply.get("value")
-
-
-def _apply_limits(limits: dict[str, int]) -> None:
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    for key, which in _LIMITS.items():
-        soft = limits[key]
-        # A second of grace before SIGKILL: the soft CPU limit only sends SIGXCPU, which code can ignore.
-        hard = soft + 1 if which == resource.RLIMIT_CPU else soft
-        _, current_hard = resource.getrlimit(which)
-        if current_hard != resource.RLIM_INFINITY:
-            soft, hard = min(soft, current_hard), min(hard, current_hard)
-        resource.setrlimit(which, (soft, hard))

@@ -1,4 +1,4 @@
-"""The parent's reading of worker messages (hostile input) and the worker pool."""
+"""The parent's reading of worker messages (hostile input), and the seccomp filter builder."""
 
 from __future__ import annotations
 
@@ -7,16 +7,9 @@ import json
 import struct
 
 import pytest
-from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxPool
-from skyrl_rlm_repl.sandbox.protocol import (
-    ProtocolViolation,
-    WorkerGone,
-    encode,
-    int_field,
-    read_message,
-    text_field,
-)
-from skyrl_rlm_repl.sandbox.seccomp import build_filter
+from skyrl_sandbox import ProtocolViolation, WorkerGone
+from skyrl_sandbox.framing import encode, int_field, read_message, text_field
+from skyrl_sandbox.seccomp import build_filter
 
 
 def reader_with(data: bytes, eof: bool = True) -> asyncio.StreamReader:
@@ -75,44 +68,6 @@ def test_fields_are_type_checked_cut_and_cleaned():
         int_field(message, "seq")
     with pytest.raises(ProtocolViolation, match="'flag' must be a non-negative integer"):
         int_field(message, "flag")
-
-
-async def test_pool_prestarts_workers_and_hands_them_out():
-    pool = await asyncio.to_thread(SandboxPool, SandboxConfig(), 2)
-    try:
-        for _ in range(200):
-            if pool.idle_count == 2:
-                break
-            await asyncio.sleep(0.05)
-        assert pool.idle_count == 2
-        async with await Sandbox.create(SandboxConfig(), pool=pool) as sandbox:
-            assert (await sandbox.execute("print(1)")).stdout == "1\n"
-    finally:
-        pool.close()
-    assert pool.idle_count == 0
-
-
-def test_shared_pool_is_one_per_way_of_starting_workers():
-    assert SandboxPool.shared(SandboxConfig(cpu_time_s=30)) is SandboxPool.shared(SandboxConfig(cpu_time_s=90))
-    assert SandboxPool.shared(SandboxConfig(tmp_size_mb=8)) is not SandboxPool.shared(SandboxConfig())
-    # the worker's cgroup limits are set when it starts
-    assert SandboxPool.shared(SandboxConfig(memory_mb=300)) is not SandboxPool.shared(SandboxConfig(memory_mb=900))
-
-
-async def test_backend_bwrap_that_cannot_work_is_a_clear_error(monkeypatch):
-    from skyrl_rlm_repl.sandbox import SandboxError, launch
-
-    launch.bwrap_problem.cache_clear()
-    monkeypatch.setenv("PATH", "/nonexistent")
-    try:
-        with pytest.raises(SandboxError, match="backend 'bwrap' is not usable here: bwrap is not installed"):
-            await Sandbox.create(SandboxConfig(backend="bwrap", pool_size=0))
-        # auto never falls back to the weaker backend: the user has to opt in to it
-        with pytest.raises(SandboxError, match="apt-get install bubblewrap.*sandbox.backend=subprocess"):
-            launch.resolve_backend("auto")
-        assert launch.resolve_backend("subprocess") == "subprocess"
-    finally:
-        launch.bwrap_problem.cache_clear()
 
 
 def test_messages_are_ascii_json():

@@ -1,13 +1,36 @@
-"""Calls into the kernel the worker makes for itself while still trusted (through ctypes)."""
+"""Calls into the kernel a worker makes for itself while still trusted (rlimits, and ctypes for the rest)."""
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
 
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 1, 38, 22, 2
 _PR_CAPBSET_DROP, _CAPABILITY_VERSION_3, _LAST_CAPABILITY = 24, 0x20080522, 63
+
+
+_LIMITS = {
+    "cpu_time_s": resource.RLIMIT_CPU,
+    "memory_bytes": resource.RLIMIT_AS,
+    "max_processes": resource.RLIMIT_NPROC,
+    "max_open_files": resource.RLIMIT_NOFILE,
+    "max_file_size_bytes": resource.RLIMIT_FSIZE,
+}
+
+
+def apply_limits(limits: dict[str, int]) -> None:
+    """Set the rlimits the parent sent (``Limits.rlimits()``), never above a hard limit already in force."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for key, which in _LIMITS.items():
+        soft = limits[key]
+        # A second of grace before SIGKILL: the soft CPU limit only sends SIGXCPU, which code can ignore.
+        hard = soft + 1 if which == resource.RLIMIT_CPU else soft
+        _, current_hard = resource.getrlimit(which)
+        if current_hard != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current_hard), min(hard, current_hard)
+        resource.setrlimit(which, (soft, hard))
 
 
 def die_with_parent(expected_parent_pid: int | None) -> None:

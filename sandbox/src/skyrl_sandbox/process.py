@@ -1,4 +1,4 @@
-"""One worker process: started (synchronously) by the pool, then driven from an asyncio loop."""
+"""One worker process (bwrap or subprocess): started synchronously by the pool, then driven from an asyncio loop."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from . import framing
 from .cgroups import WorkerCgroup
+from .errors import WorkerGone
 from .launch import LaunchPlan
 
 
@@ -56,17 +57,17 @@ class WorkerProcess:
             lambda: asyncio.StreamReaderProtocol(self._reader), self.popen.stdout)
         self._writer, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, self.popen.stdin)
         ready = await self.receive()
-        protocol.expect(ready, "ready")
-        return protocol.int_field(ready, "pid")
+        framing.expect(ready, "ready")
+        return framing.int_field(ready, "pid")
 
     def send(self, message: dict[str, Any]) -> None:
         if self._writer is None or self._writer.is_closing():
-            raise protocol.WorkerGone("the worker's channel is closed")
-        self._writer.write(protocol.encode(message))
+            raise WorkerGone("the worker's channel is closed")
+        self._writer.write(framing.encode(message))
 
     async def receive(self) -> dict[str, Any]:
         assert self._reader is not None, "attach() first"
-        return await protocol.read_message(self._reader, self.max_message_bytes)
+        return await framing.read_message(self._reader, self.max_message_bytes)
 
     async def has_unread_data(self) -> bool:
         """Whether the worker sent anything not read yet (in the reader's buffer or still in the pipe)."""

@@ -14,6 +14,8 @@ import re
 import struct
 from typing import Any
 
+from .errors import ProtocolViolation, WorkerGone
+
 HEADER = struct.Struct(">I")
 # Decoding a frame costs at most a few times its size when it holds few containers and items:
 # tiny objects and lists ({} is 2 bytes on the wire, over 60 in memory) are what amplify.
@@ -23,14 +25,6 @@ MAX_DEPTH = 32
 _CHECK_FROM_BYTES = 64 * 1024  # smaller frames cannot amplify to anything that matters
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _BRACKETS = re.compile(rb"[\[\]{}]")
-
-
-class ProtocolViolation(Exception):
-    """The worker sent something that is not a valid message."""
-
-
-class WorkerGone(Exception):
-    """The worker's channel closed: the process exited or closed its end."""
 
 
 def encode(message: dict[str, Any]) -> bytes:

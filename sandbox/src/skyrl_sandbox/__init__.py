@@ -1,0 +1,16 @@
+"""Isolation for model-written code, shared by every env that runs it.
+
+One backend vocabulary (``bwrap``, ``docker``, ``subprocess``, ``auto``), one probe, one error
+hierarchy; worker processes that speak length-prefixed, size-capped JSON frames; warm pools;
+cgroups, rlimits and a seccomp filter; cleanup on close, at exit and after the owner was killed.
+Standard library only at import time (the ``docker`` SDK is an optional extra, loaded on use).
+"""
+
+from .backends import BACKENDS, REQUIRE_ENV, backend_problem, resolve_backend
+from .errors import BackendUnavailable, ProtocolViolation, SandboxError, WorkerGone
+from .launch import WorkerProgram
+from .limits import Limits
+from .pool import WorkerPool
+
+__all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "Limits", "ProtocolViolation", "SandboxError",
+           "WorkerGone", "WorkerPool", "WorkerProgram", "backend_problem", "resolve_backend"]

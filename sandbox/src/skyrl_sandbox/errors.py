@@ -1,0 +1,27 @@
+"""One error hierarchy for every backend.
+
+Problems caused by sandboxed code (its exceptions, a limit it hit, a time-out) are results, never
+exceptions: these are raised only when the sandbox itself fails.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(RuntimeError):
+    """The sandbox infrastructure failed: it would not start, broke down, or was used wrongly."""
+
+
+class BackendUnavailable(SandboxError):
+    """A backend that was asked for (or required) cannot run here; the message says what is missing."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(reason)
+        self.backend = backend
+
+
+class ProtocolViolation(SandboxError):
+    """The worker sent something that is not a valid message (forged, stray, oversized or malformed)."""
+
+
+class WorkerGone(SandboxError):
+    """The worker's channel closed: the process exited, was killed, or closed its end."""

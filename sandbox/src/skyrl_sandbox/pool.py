@@ -1,0 +1,124 @@
+"""Pre-started workers, so creating a sandbox does not wait for an interpreter (or a container) to boot.
+
+All workers are started from one long-lived thread: the kernel's parent-death signal (used by
+``bwrap --die-with-parent`` and by the plain worker) fires when the *thread* that started a process
+exits, so starting them from short-lived executor threads would kill them early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .backends import BACKENDS, resolve_backend
+from .cgroups import WorkerCgroup, cgroup_support
+from .dirs import make_host_dir
+from .launch import WorkerProgram, plan_bwrap, plan_subprocess
+from .limits import Limits
+from .process import WorkerProcess
+
+SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-sandbox-spawner")
+_SHARED: dict[tuple, WorkerPool] = {}
+_SHARED_LOCK = threading.Lock()
+# bwrap's own processes in the worker's pids group: the outer bwrap and the namespace's init.
+BWRAP_TASKS = 2
+
+
+class WorkerPool:
+    """Keeps ``size`` idle workers of one program started; hands them out and starts replacements.
+
+    ``backend`` is a backend name or 'auto' (see :func:`skyrl_sandbox.resolve_backend`); ``usable``
+    limits what 'auto' may pick to the backends that can run the program; ``image`` is the Docker
+    image (default: the base image of :mod:`skyrl_sandbox.images`).
+    """
+
+    def __init__(self, program: WorkerProgram, limits: Limits, backend: str = "auto", size: int = 2,
+                 usable: tuple[str, ...] = BACKENDS, image: str | None = None) -> None:
+        self.backend = resolve_backend(backend, usable)
+        self.program = program
+        self.limits = limits
+        self.size = size
+        self.image = image
+        self._idle: deque[Any] = deque()
+        self._starting = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self.refill()
+
+    @classmethod
+    def shared(cls, program: WorkerProgram, limits: Limits, backend: str = "auto", size: int = 2,
+               usable: tuple[str, ...] = BACKENDS, image: str | None = None) -> WorkerPool:
+        """The process-wide pool for workers started this way (keyed by pid: a fork gets its own)."""
+        key = (os.getpid(), program.key, limits.spawn_key, resolve_backend(backend, usable), size, image)
+        with _SHARED_LOCK:
+            if key not in _SHARED:
+                _SHARED[key] = cls(program, limits, backend, size, usable, image)
+            return _SHARED[key]
+
+    @property
+    def idle_count(self) -> int:
+        """Started workers waiting to be handed out."""
+        with self._lock:
+            return len(self._idle)
+
+    async def acquire(self) -> Any:
+        """An idle started worker, or a newly started one when none is idle.
+
+        Call :meth:`refill` once the worker is set up: replacements started earlier would compete
+        with it for the CPU.
+        """
+        with self._lock:
+            worker = self._idle.popleft() if self._idle else None
+        if worker is None:
+            worker = await asyncio.wrap_future(SPAWNER.submit(self.start_worker))
+        return worker
+
+    def start_worker(self) -> Any:
+        """Start one worker (blocking): a :class:`WorkerProcess`, or a container worker with Docker."""
+        if self.backend == "docker":
+            from .docker_engine import start_container_worker
+
+            return start_container_worker(self.program, self.limits, self.image)
+        host_dir = make_host_dir()
+        if self.backend == "bwrap":
+            plan = plan_bwrap(self.program, host_dir, self.limits)
+        else:
+            plan = plan_subprocess(self.program, host_dir, self.limits)
+        support = cgroup_support()
+        extra = BWRAP_TASKS if self.backend == "bwrap" else 0
+        cgroup = None if support is None else WorkerCgroup(support, self.limits.max_processes + extra,
+                                                           self.limits.pinned_memory_bytes)
+        return WorkerProcess(self.backend, plan, host_dir, self.limits.max_message_bytes, cgroup)
+
+    def refill(self) -> None:
+        with self._lock:
+            missing = 0 if self._closed else self.size - len(self._idle) - self._starting
+            self._starting += max(missing, 0)
+        for _ in range(missing):
+            SPAWNER.submit(self._start_idle)
+
+    def _start_idle(self) -> None:
+        try:
+            worker = self.start_worker()
+        except Exception:  # noqa: BLE001 - acquire() starts its own and reports the error there
+            with self._lock:
+                self._starting -= 1
+            return
+        with self._lock:
+            self._starting -= 1
+            if not self._closed:
+                self._idle.append(worker)
+                return
+        worker.discard()
+
+    def close(self) -> None:
+        """Kill the idle workers and stop refilling (workers handed out are unaffected)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = list(self._idle), deque()
+        for worker in idle:
+            worker.discard()

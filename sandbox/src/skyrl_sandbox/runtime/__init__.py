@@ -1,0 +1,1 @@
+"""Runs inside the sandbox (as ``skyrl_sandbox_runtime``): standard library only, imported by worker programs."""
