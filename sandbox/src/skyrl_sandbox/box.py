@@ -1,0 +1,179 @@
+"""A sandbox with a work directory: one-shot commands, and files copied in and out.
+
+With ``bwrap`` and ``subprocess`` a :class:`Box` is a command agent (``skyrl_sandbox_runtime.agent``)
+in a worker process whose private, size-limited /tmp is the work directory; each :meth:`Box.run`
+starts the command there. With ``docker`` it is a container whose commands run through
+``docker exec`` (see :mod:`skyrl_sandbox.docker_engine`). Everything a box returns is capped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import framing
+from .backends import resolve_backend
+from .dirs import process_dir
+from .errors import ProtocolViolation, SandboxError, WorkerGone
+from .launch import RUNTIME_NAME, WorkerProgram
+from .limits import Limits
+from .pool import WorkerPool
+from .seccomp import build_filter
+
+AGENT_PROGRAM = WorkerProgram(module=f"{RUNTIME_NAME}.agent", packages={})
+_START_TIMEOUT_S = 30.0
+_REPLY_GRACE_S = 5.0  # the agent enforces the command's time limit; this is the backstop
+
+
+@dataclass
+class RunResult:
+    """What one command did. Output past ``max_output_bytes`` per stream is dropped and flagged."""
+
+    exit_code: int | None  # None when the sandbox itself broke down; negative: killed by that signal
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class Box:
+    """An isolated work directory; create with ``await Box.create(...)`` and close when done."""
+
+    backend: str
+
+    def __init__(self, worker: Any, backend: str, limits: Limits) -> None:
+        self._worker = worker
+        self.backend = backend
+        self.limits = limits
+        self._lock = asyncio.Lock()
+        self._next_id = 0
+        self._closed = False
+
+    @classmethod
+    async def create(cls, backend: str = "auto", limits: Limits | None = None, *, image: str | None = None,
+                     env: dict[str, str] | None = None, pool_size: int = 0) -> Box:
+        """Start a box on ``backend`` (see :func:`skyrl_sandbox.resolve_backend`); ``env`` is added to
+        every command's environment (never the parent's)."""
+        limits = limits or Limits()
+        if await asyncio.to_thread(resolve_backend, backend) == "docker":
+            from .docker_engine import ContainerBox
+
+            return await ContainerBox.create(limits, image, env or {})
+        pool = await asyncio.to_thread(WorkerPool.shared, AGENT_PROGRAM, limits, backend, pool_size)
+        worker = await pool.acquire()
+        try:
+            await asyncio.wait_for(cls._initialise(worker, pool.backend, limits, env or {}), _START_TIMEOUT_S)
+        except BaseException:
+            await worker.wait()
+            raise
+        finally:
+            pool.refill()
+        return cls(worker, pool.backend, limits)
+
+    @staticmethod
+    async def _initialise(worker: Any, backend: str, limits: Limits, env: dict[str, str]) -> None:
+        if backend == "subprocess" and os.geteuid() == 0:
+            # The agent becomes nobody: it must still reach its work directory.
+            for folder in (process_dir(), worker.host_dir):
+                os.chmod(folder, 0o711)
+        await worker.attach()
+        program = build_filter(allow_subprocesses=True)
+        worker.send({"op": "init", "limits": limits.rlimits(), "work_dir": worker.plan.inside_tmp, "env": env,
+                     "seccomp_filter": None if program is None else program.hex()})
+        reply = await worker.receive()
+        framing.expect(reply, "init_done")
+        error = framing.text_field(reply, "error", 4000)
+        if error:
+            raise SandboxError(f"the command agent failed to start: {error}")
+
+    async def __aenter__(self) -> Box:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def run(self, argv: list[str], stdin: bytes = b"", timeout_s: float = 30.0, cwd: str = ".",
+                  max_output_bytes: int = 64 * 1024) -> RunResult:
+        """Run ``argv`` in the work directory; a time-out or a limit comes back in the result, never raised."""
+        if not argv or not all(isinstance(arg, str) for arg in argv):
+            raise SandboxError(f"argv must be a non-empty list of strings, got {argv!r}")
+        started = time.monotonic()
+        reply = await self._request({"op": "run", "argv": argv, "stdin": base64.b64encode(stdin).decode(),
+                                     "timeout_s": timeout_s, "cwd": cwd, "max_output_bytes": max_output_bytes},
+                                    timeout_s + _REPLY_GRACE_S)
+        exit_code = reply.get("exit_code")
+        if not isinstance(exit_code, int) or isinstance(exit_code, bool):
+            raise ProtocolViolation("field 'exit_code' must be an integer")
+        return RunResult(
+            exit_code=exit_code,
+            stdout=_decode(reply, "stdout", max_output_bytes), stderr=_decode(reply, "stderr", max_output_bytes),
+            stdout_truncated=bool(reply.get("stdout_truncated")), stderr_truncated=bool(reply.get("stderr_truncated")),
+            timed_out=bool(reply.get("timed_out")), duration_s=time.monotonic() - started)
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Copy ``data`` into the work directory at ``path`` (relative to it)."""
+        if len(data) * 4 // 3 + 1024 > self.limits.max_message_bytes:
+            raise SandboxError(f"{len(data):,} bytes exceed what one message carries "
+                               f"(max_message_mb={self.limits.max_message_mb})")
+        await self._request({"op": "write", "path": path, "data": base64.b64encode(data).decode(), "mode": mode},
+                            _START_TIMEOUT_S)
+
+    async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
+        """Copy a file out of the work directory; raises SandboxError past ``max_bytes``."""
+        reply = await self._request({"op": "read", "path": path, "max_bytes": max_bytes}, _START_TIMEOUT_S)
+        if reply.get("truncated"):
+            raise SandboxError(f"{path!r} is larger than max_bytes={max_bytes:,}")
+        return _decode(reply, "data", max_bytes)
+
+    async def close(self) -> None:
+        """Kill the box and everything in it, and remove its files. Idempotent."""
+        self._closed = True
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.wait()
+
+    async def _request(self, message: dict, timeout_s: float) -> dict:
+        if self._closed or self._worker is None:
+            raise SandboxError("the box is closed")
+        async with self._lock:
+            self._next_id += 1
+            worker = self._worker
+            try:
+                worker.send({**message, "id": self._next_id})
+                reply = await asyncio.wait_for(worker.receive(), timeout_s)
+                framing.expect(reply, "reply")
+                if reply.get("id") != self._next_id:
+                    raise ProtocolViolation("a reply to another request")
+            except (asyncio.TimeoutError, WorkerGone, ProtocolViolation) as exc:
+                await self.close()
+                raise SandboxError(f"the {self.backend} box broke down and was closed: "
+                                   f"{type(exc).__name__}: {exc or 'no reply in time'}") from exc
+        error = reply.get("error")
+        if error is not None:
+            raise SandboxError(framing.text_field(reply, "error", 4000))
+        return reply
+
+
+def _decode(reply: dict, key: str, max_bytes: int) -> bytes:
+    text = framing.text_field(reply, key, (max_bytes + 2) * 4 // 3 + 4, optional=False)
+    try:
+        return base64.b64decode(text, validate=True)[:max_bytes]
+    except ValueError as exc:
+        raise ProtocolViolation(f"field {key!r} is not base64") from exc
+
+
+async def run(argv: list[str], stdin: bytes = b"", timeout_s: float = 30.0, *, backend: str = "auto",
+              limits: Limits | None = None, image: str | None = None) -> RunResult:
+    """Run one command in a fresh box that is closed afterwards."""
+    async with await Box.create(backend, limits, image=image) as box:
+        return await box.run(argv, stdin, timeout_s)

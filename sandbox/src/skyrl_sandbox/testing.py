@@ -1,0 +1,20 @@
+"""For test suites of envs that use skyrl-sandbox: run on every backend the machine has, fail where CI needs one."""
+
+from __future__ import annotations
+
+import os
+
+from .backends import backend_problem
+
+
+def require_backend(backend: str) -> None:
+    """Skip the calling test when ``backend`` cannot run here, with the reason; fail instead when
+    ``SKYRL_REQUIRE_<BACKEND>=1`` (CI sets it, so a backend that cannot start fails the run)."""
+    import pytest
+
+    problem = backend_problem(backend)
+    if problem is None:
+        return
+    if os.environ.get(f"SKYRL_REQUIRE_{backend.upper()}") == "1":
+        pytest.fail(f"SKYRL_REQUIRE_{backend.upper()}=1 but the {backend} backend cannot run here: {problem}")
+    pytest.skip(f"the {backend} backend cannot run here: {problem}")

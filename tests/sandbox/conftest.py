@@ -1,0 +1,22 @@
+"""Shared fixtures of the skyrl-sandbox tests: a box on every backend."""
+
+from __future__ import annotations
+
+import pytest
+from skyrl_sandbox import Limits
+from skyrl_sandbox.box import Box
+from skyrl_sandbox.testing import require_backend
+
+TIGHT = Limits(cpu_time_s=20, memory_mb=512, max_processes=32, max_file_size_mb=16, tmp_size_mb=32)
+
+
+@pytest.fixture(params=["bwrap", "subprocess"])
+def backend(request) -> str:
+    require_backend(request.param)
+    return request.param
+
+
+@pytest.fixture
+async def box(backend):
+    async with await Box.create(backend, TIGHT) as created:
+        yield created
