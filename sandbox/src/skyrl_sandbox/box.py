@@ -120,6 +120,10 @@ class Box:
             stdout_truncated=bool(reply.get("stdout_truncated")), stderr_truncated=bool(reply.get("stderr_truncated")),
             timed_out=bool(reply.get("timed_out")), duration_s=time.monotonic() - started)
 
+    async def ping(self) -> None:
+        """One round trip to the agent (a health check; what the benchmark times)."""
+        await self._request({"op": "ping"}, _START_TIMEOUT_S)
+
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Copy ``data`` into the work directory at ``path`` (relative to it)."""
         if len(data) * 4 // 3 + 1024 > self.limits.max_message_bytes:

@@ -82,6 +82,8 @@ def _lock_down(init: dict, work_dir: str) -> list[str]:
 
 def _serve(request: dict, work_dir: str, env: dict) -> dict:
     op = request.get("op")
+    if op == "ping":
+        return {"error": None}
     if op == "run":
         return _run(request, work_dir, env)
     if op == "write":

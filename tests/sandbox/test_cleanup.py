@@ -1,0 +1,65 @@
+"""No sandbox outlives its owner: SIGKILL a process holding 8 live boxes per backend, the next start sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from skyrl_sandbox.testing import require_backend
+
+HOLDER = """
+import asyncio, json, sys
+from skyrl_sandbox.box import Box
+
+async def main():
+    boxes = [await Box.create(backend) for backend in sys.argv[1:] for _ in range(8)]
+    for box in boxes:
+        assert (await box.run(["true"])).ok
+    print(json.dumps([{"pid": box._worker.pid, "dir": str(box._worker.host_dir),
+                       "groups": [str(d) for d in (box._worker.cgroup.dirs if box._worker.cgroup else [])]}
+                      for box in boxes]), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+NEXT_START = """
+import asyncio
+from skyrl_sandbox.box import run
+print(asyncio.run(run(["echo", "next"], backend="bwrap")).stdout.decode().strip())
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("backends", [["bwrap", "subprocess"]])
+def test_a_sigkilled_owner_leaves_nothing_behind_after_the_next_start(backends):
+    for backend in backends:
+        require_backend(backend)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, *backends], stdout=subprocess.PIPE, text=True)
+    try:
+        live = json.loads(holder.stdout.readline())
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert len(live) == 8 * len(backends)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not all(gone(box["pid"]) for box in live):
+        time.sleep(0.05)
+    assert all(gone(box["pid"]) for box in live), "sandbox processes outlived their owner"
+    assert all(Path(box["dir"]).exists() for box in live)  # the owner had no chance to clean up
+    done = subprocess.run([sys.executable, "-c", NEXT_START], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "next", done.stderr
+    assert not any(Path(box["dir"]).exists() for box in live)
+    assert not any(Path(group).exists() for box in live for group in box["groups"])
