@@ -15,20 +15,16 @@ import asyncio
 import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 
 from skyrl_rlm_repl.sandbox import REPL_PROGRAM, Sandbox, SandboxConfig
 from skyrl_sandbox import WorkerPool
+from timing import percentile, timed
 
 TRIVIAL = "x = 1"
 CONTEXT_ACCESS = "n = len(context); part = context[500_000:500_100]"
 WORK = "s = sum(range(200))"
 MEGABYTE_CONTEXT = "abcdefghij" * 100_000
 
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def in_process_exec_s(code: str, namespace: dict, repeat: int) -> list[float]:
@@ -40,14 +36,6 @@ def in_process_exec_s(code: str, namespace: dict, repeat: int) -> list[float]:
         samples.append(time.perf_counter() - started)
     return samples
 
-
-async def timed(calls: int, step: Callable[[], Awaitable[object]]) -> list[float]:
-    samples = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        await step()
-        samples.append(time.perf_counter() - started)
-    return samples
 
 
 async def start_times(config: SandboxConfig, pool: WorkerPool, runs: int) -> list[float]:

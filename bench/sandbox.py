@@ -20,27 +20,15 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
 
 from skyrl_sandbox import Limits, backend_problem
 from skyrl_sandbox.box import Box
 from skyrl_sandbox.framing import encode
+from timing import percentile, timed
 
 MS = 1000.0
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-async def timed(calls: int, step: Callable[[], Awaitable[object]]) -> list[float]:
-    samples = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        await step()
-        samples.append(time.perf_counter() - started)
-    return samples
 
 
 def baseline_spawn(runs: int) -> list[float]:

@@ -17,6 +17,11 @@ def backend(request) -> str:
 
 
 @pytest.fixture
-async def box(backend):
-    async with await Box.create(backend, TIGHT) as created:
+def limits() -> Limits:
+    return TIGHT
+
+
+@pytest.fixture
+async def box(backend, limits):
+    async with await Box.create(backend, limits) as created:
         yield created

@@ -16,7 +16,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import TIGHT
 from skyrl_sandbox import Limits, SandboxError
 from skyrl_sandbox.box import Box
 
@@ -52,10 +51,10 @@ async def test_the_repository_and_host_root_are_invisible(box, backend):
     assert REPO.parts[1].encode() not in result.stdout.split() and b"home" not in result.stdout.split()
 
 
-async def test_the_parents_secrets_are_not_in_the_environment(backend, monkeypatch):
+async def test_the_parents_secrets_are_not_in_the_environment(backend, limits, monkeypatch):
     needs_root_parent(backend)
     monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
-    async with await Box.create(backend, TIGHT) as box:
+    async with await Box.create(backend, limits) as box:
         result = await box.run(["sh", "-c", f"env; cat /proc/{os.getpid()}/environ; cat /proc/$PPID/environ"])
     assert FAKE_KEY.encode() not in result.stdout + result.stderr
 
@@ -99,7 +98,7 @@ async def test_a_memory_bomb_hits_the_memory_limit(box, backend):
 async def test_a_disk_bomb_stops_at_a_limit(box, backend):
     result = await box.run(["sh", "-c", "head -c 200000000 /dev/zero > big; echo status $?"], timeout_s=20)
     size = int((await box.run(["sh", "-c", "wc -c < big"])).stdout)
-    assert size <= TIGHT.max_file_size_mb * 2**20 and size <= TIGHT.tmp_size_mb * 2**20
+    assert size <= box.limits.max_file_size_mb * 2**20 and size <= box.limits.tmp_size_mb * 2**20
     assert b"status 0" not in result.stdout
 
 
@@ -108,14 +107,14 @@ async def test_an_output_flood_is_cut_and_stopped(box, backend):
     assert result.timed_out and result.stdout_truncated and len(result.stdout) == 4096
 
 
-async def test_signals_cannot_reach_the_parent(backend):
+async def test_signals_cannot_reach_the_parent(backend, limits):
     needs_root_parent(backend)
-    async with await Box.create(backend, TIGHT) as box:
+    async with await Box.create(backend, limits) as box:
         try:
             await box.run(["sh", "-c", f"kill -9 {os.getpid()} {os.getppid()}; kill -9 -1"])
         except SandboxError as exc:  # kill -1 may take the box's own agent with it: contained, and said so
             assert "broke down and was closed" in str(exc)
-    async with await Box.create(backend, TIGHT) as box:  # this process, and the machine, carry on
+    async with await Box.create(backend, limits) as box:  # this process, and the machine, carry on
         assert (await box.run(["echo", "alive"])).stdout == b"alive\n"
 
 

@@ -11,7 +11,6 @@ file requests must stay inside the work directory.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import select
 import signal
@@ -19,7 +18,7 @@ import subprocess
 import time
 
 from . import kernel
-from .channel import Channel
+from .channel import connect
 
 _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 4, 36
 _NOBODY = 65534
@@ -28,17 +27,10 @@ _COMMAND_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TERM
 
 
 def main(spawn_json: str) -> int:
-    spawn = json.loads(spawn_json)
-    channel = Channel(os.dup(0), os.dup(1), spawn["max_message_bytes"])
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):
-        os.dup2(devnull, fd)
-    kernel.die_with_parent(spawn.get("expected_parent_pid"))
-    channel.send({"op": "ready", "pid": os.getpid()})
-    try:
-        init = channel.receive()
-    except EOFError:
+    connected = connect(spawn_json)
+    if connected is None:
         return 0
+    channel, init = connected
     work_dir = os.path.realpath(init["work_dir"])
     warnings = _lock_down(init, work_dir)
     channel.send({"op": "init_done", "error": None, "warnings": warnings})

@@ -7,6 +7,8 @@ import os
 import struct
 import threading
 
+from . import kernel
+
 HEADER = struct.Struct(">I")
 
 
@@ -47,3 +49,19 @@ class Channel:
             chunks.append(chunk)
             size -= len(chunk)
         return b"".join(chunks)
+
+
+def connect(spawn_json: str) -> tuple[Channel, dict] | None:
+    """A worker's first steps: take stdin/stdout over as the channel, die with the parent, say
+    ``ready`` and return the parent's ``init`` message (None when the parent went away first)."""
+    spawn = json.loads(spawn_json)
+    channel = Channel(os.dup(0), os.dup(1), spawn["max_message_bytes"])
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)  # stray writes to fd 1 must never look like protocol frames
+    kernel.die_with_parent(spawn.get("expected_parent_pid"))
+    channel.send({"op": "ready", "pid": os.getpid()})
+    try:
+        return channel, channel.receive()
+    except EOFError:
+        return None

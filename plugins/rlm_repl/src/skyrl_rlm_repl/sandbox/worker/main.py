@@ -6,30 +6,22 @@ set up before the audit policy is installed; from then on nothing the model runs
 
 from __future__ import annotations
 
-import json
 import os
 import traceback
 from typing import Any
 
 from skyrl_sandbox_runtime import kernel
-from skyrl_sandbox_runtime.channel import Channel
+from skyrl_sandbox_runtime.channel import Channel, connect
 
 from .policy import SandboxPolicy
 from .repl import Repl
 
 
 def main(spawn_json: str) -> int:
-    spawn = json.loads(spawn_json)
-    channel = Channel(os.dup(0), os.dup(1), spawn["max_message_bytes"])
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)  # stray writes to fd 1 must never look like protocol frames
-    kernel.die_with_parent(spawn.get("expected_parent_pid"))
-    channel.send({"op": "ready", "pid": os.getpid()})
-    try:
-        init = channel.receive()
-    except EOFError:
+    connected = connect(spawn_json)
+    if connected is None:
         return 0
+    channel, init = connected
     warnings: list[str] = []
     try:
         repl, requests = _initialise(init, channel, warnings)
