@@ -125,8 +125,6 @@ def plan_bwrap(program: WorkerProgram, host_dir: Path, limits: Limits) -> Launch
     if os.path.isdir(site_packages):
         argv += ["--tmpfs", site_packages]  # hide the base install's third-party packages
         read_only.insert(0, site_packages)
-    for path in program.read_only:
-        argv += ["--ro-bind", path, path]
     inside_packages = []
     for name, folder in program.all_packages.items():
         argv += ["--ro-bind", str(folder), f"{INSIDE_LIB}/{name}"]
@@ -134,6 +132,8 @@ def plan_bwrap(program: WorkerProgram, host_dir: Path, limits: Limits) -> Launch
     argv += ["--ro-bind", str(host_dir / "inbox"), INSIDE_INBOX,
              "--proc", "/proc", "--dev", "/dev",
              "--size", str(limits.tmp_size_mb * 2**20), "--tmpfs", "/tmp"]
+    for path in program.read_only:  # after the tmpfs /tmp, which would hide a path under /tmp
+        argv += ["--ro-bind", path, path]
     # Every tmpfs but /tmp read-only (/dev/shm included): memory in them would count against no limit.
     for path in read_only:
         argv += ["--remount-ro", path]
