@@ -13,6 +13,8 @@ from skyrl_sql.env import SQLEnv
 
 HAS_DUCKDB = importlib.util.find_spec("duckdb") is not None
 ENGINES = ["sqlite", pytest.param("duckdb", marks=pytest.mark.skipif(not HAS_DUCKDB, reason="needs duckdb"))]
+# The sandbox backends the sql env runs on; use with parametrize(..., indirect=True) (conftest's `backend`).
+BACKENDS = ["bwrap", "subprocess"]
 THINK = "<think>Let me look.</think>\n"
 
 
@@ -38,3 +40,10 @@ def query(env: SQLEnv, sql: str) -> str:
     result = env.step(f"{THINK}<sql>{sql}</sql>")
     assert not result.terminated and not result.info.get("error"), result.info
     return result.observation[0]["content"]
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it, parents first (with bwrap the Python worker comes last)."""
+    children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    return [pid] + [d for child in children for d in descendants(child)]

@@ -1,4 +1,4 @@
-"""skyrl-sql installs beside skyrl-core alone (no DuckDB, no DL stack) and passes `skyrl check sql`."""
+"""skyrl-sql installs beside skyrl-core and skyrl-sandbox alone (no DuckDB, no DL stack) and passes `skyrl check sql`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_skyrl_sql_installs_alone_with_core_and_passes_check(fresh_venv, tmp_path):
-    fresh_venv.install(REPO / "core", REPO / "plugins" / "sql")
+    fresh_venv.install(REPO / "core", REPO / "sandbox", REPO / "plugins" / "sql")
     packages = fresh_venv.packages()
-    assert {"skyrl-core", "skyrl-sql"} <= packages
+    assert {"skyrl-core", "skyrl-sandbox", "skyrl-sql"} <= packages
     assert not packages & {"torch", "transformers", "duckdb", "pandas"}
 
     env = {"SKYRL_SQL_CACHE": str(tmp_path / "cache"), "SKYRL_LOAD_PLUGINS": "skyrl-sql"}

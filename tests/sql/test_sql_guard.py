@@ -143,7 +143,7 @@ def test_no_duckdb_catalog_function_view_or_setting_shows_the_path():
     sqls += [f'SELECT * FROM "{schema}"."{name}"' for schema, name in views]
     assert len(sqls) > 300
     db = started_env("duckdb").database()
-    runner = QueryRunner(SandboxSettings("process", workers=1))
+    runner = QueryRunner(SandboxSettings("subprocess", "duckdb", workers=1))
     try:
         for sql in sqls:
             result = runner.run(QueryRequest("duckdb", str(db), sql, 5.0, 1000, 1_000_000))

@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 from skyrl_sql.result import QueryRequest
-from skyrl_sql.sandbox import QueryRunner, SandboxSettings, bwrap_path
-from sql_helpers import ENGINES, HAS_DUCKDB, folder_digest, query, started_env
-
-bwrap_works = pytest.mark.skipif(
-    bwrap_path() is None, reason="bubblewrap unusable here")
-
+from skyrl_sql.sandbox import QueryRunner, SandboxSettings
+from sql_helpers import BACKENDS, ENGINES, HAS_DUCKDB, descendants, folder_digest, query, started_env
 
 FOREVER = {
     "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n",
@@ -62,13 +58,10 @@ CASES = ([("sqlite", s, e) for s, e in SHARED + SQLITE_ONLY]
             for s, e in SHARED + DUCKDB_ONLY])
 
 
-SANDBOXES = ["process", pytest.param("bwrap", marks=bwrap_works)]
-
-
-@pytest.mark.parametrize("sandbox", SANDBOXES)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize(("engine", "sql", "expected"), CASES)
-def test_writes_and_escapes_are_refused_and_leave_the_database_identical(engine, sql, expected, sandbox):
-    env = started_env(engine, sandbox=sandbox)
+def test_writes_and_escapes_are_refused_and_leave_the_database_identical(engine, sql, expected, backend):
+    env = started_env(engine, sandbox=backend)
     folder = env.database().parent
     before = folder_digest(folder)
     text = query(env, sql)
@@ -119,35 +112,38 @@ def _sleep_request(db_path: str, timeout_s: float) -> QueryRequest:
     return QueryRequest("sqlite", db_path, FOREVER["sqlite"], timeout_s, 10, 100_000)
 
 
-def test_a_frozen_sandbox_process_is_killed_and_replaced():
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_frozen_sandbox_process_is_killed_and_replaced(backend):
     env = started_env("sqlite")
     db = str(env.database())
-    runner = QueryRunner(SandboxSettings("process", workers=1))  # so the pid is the Python worker itself
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
     try:
         assert runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000)).rows == [(1,)]
-        (worker,) = runner._all
-        os.kill(worker.process.pid, signal.SIGSTOP)  # it can no longer stop its own query
+        (pid,) = runner.worker_pids()
+        os.kill(descendants(pid)[-1], signal.SIGSTOP)  # the Python worker can no longer stop its own query
         started = time.monotonic()
         result = runner.run(_sleep_request(db, 0.3))
         assert result.status == "timeout" and "stopped" in result.message
         assert time.monotonic() - started < 5.0
-        assert worker.process.poll() is not None
+        assert not Path(f"/proc/{pid}").exists()  # killed and reaped
         assert runner.run(QueryRequest("sqlite", db, "SELECT 2", 5.0, 10, 1000)).rows == [(2,)]
+        assert runner.worker_pids() != [pid]
     finally:
         runner.close()
 
 
-@pytest.mark.parametrize("kind", ["process", pytest.param("bwrap", marks=bwrap_works)])
-def test_a_sandbox_process_that_dies_mid_query_gives_crashed_and_is_replaced(kind):
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_sandbox_process_that_dies_mid_query_gives_crashed_and_is_replaced(backend):
     env = started_env("sqlite")
     db = str(env.database())
-    runner = QueryRunner(SandboxSettings(kind, workers=1))
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
     try:
         runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000))
-        (worker,) = runner._all
-        threading.Timer(0.3, os.kill, (worker.process.pid, signal.SIGKILL)).start()
+        (pid,) = runner.worker_pids()
+        threading.Timer(0.3, os.kill, (descendants(pid)[-1], signal.SIGKILL)).start()
         result = runner.run(_sleep_request(db, 10.0))
         assert result.status == "crashed"
+        assert "the query crashed the database process (it was terminated by SIGKILL (killed))" in result.message
         assert runner.run(QueryRequest("sqlite", db, "SELECT 3", 5.0, 10, 1000)).rows == [(3,)]
     finally:
         runner.close()
@@ -172,58 +168,53 @@ def test_duckdb_memory_limit_gives_an_out_of_memory_error():
     assert "60" in query(env, "SELECT COUNT(*) FROM employees")
 
 
-@bwrap_works
-def test_bwrap_workers_have_no_network_and_their_own_mounts():
+def test_bwrap_workers_have_no_network_and_their_own_mounts(require_bwrap):
     runner = QueryRunner(SandboxSettings("bwrap", workers=1))
     try:
         assert runner.run(QueryRequest("sqlite", str(started_env().database()), "SELECT 1", 5.0, 10, 1000)).ok
-        (worker,) = runner._all
-        python = _descendants(worker.process.pid)[-1]
-        assert "skyrl_sql.worker" in Path(f"/proc/{python}/cmdline").read_text()
+        (pid,) = runner.worker_pids()
+        python = descendants(pid)[-1]
+        assert "skyrl_sql_worker.main" in Path(f"/proc/{python}/cmdline").read_text()
         for namespace in ("net", "mnt", "pid"):
             assert os.readlink(f"/proc/{python}/ns/{namespace}") != os.readlink(f"/proc/self/ns/{namespace}")
     finally:
         runner.close()
 
 
-def _descendants(pid: int) -> list[int]:
-    children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
-                for c in (t / "children").read_text().split()]
-    return [pid] + [d for child in children for d in _descendants(child)]
-
-
-def test_sandbox_processes_do_not_inherit_the_trainers_secrets(monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_sandbox_processes_do_not_inherit_the_trainers_secrets(monkeypatch, backend):
     monkeypatch.setenv("SKYRL_TEST_SECRET", "hunter2")
-    runner = QueryRunner(SandboxSettings(workers=1))
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
     try:
         runner.run(QueryRequest("sqlite", str(started_env().database()), "SELECT 1", 5.0, 10, 1000))
-        (worker,) = runner._all
-        environ = open(f"/proc/{worker.process.pid}/environ", "rb").read().decode(errors="replace")
-        assert "SKYRL_TEST_SECRET" not in environ and "hunter2" not in environ
+        (pid,) = runner.worker_pids()
+        for process in descendants(pid):
+            environ = open(f"/proc/{process}/environ", "rb").read().decode(errors="replace")
+            assert "SKYRL_TEST_SECRET" not in environ and "hunter2" not in environ
     finally:
         runner.close()
 
 
-@pytest.mark.parametrize("sandbox", SANDBOXES)
-def test_workers_outlive_the_thread_that_started_them(sandbox):
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_workers_outlive_the_thread_that_started_them(backend):
     # Env steps run on short-lived threads; bubblewrap ties a sandbox's life to its starting thread.
-    runner = QueryRunner(SandboxSettings(sandbox, workers=1))
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
     request = QueryRequest("sqlite", str(started_env().database()), "SELECT 1", 5.0, 10, 1000)
     try:
         starter = threading.Thread(target=runner.run, args=(request,))
         starter.start()
         starter.join()
         time.sleep(0.3)
-        (worker,) = runner._all
-        assert worker.alive
+        (pid,) = runner.worker_pids()
+        assert Path(f"/proc/{pid}").exists()
         assert runner.run(request).rows == [(1,)]
-        assert runner._all == [worker]
+        assert runner.worker_pids() == [pid]
     finally:
         runner.close()
 
 
-@pytest.mark.parametrize("sandbox", SANDBOXES)
-def test_a_wal_mode_database_is_read_without_creating_files_beside_it(tmp_path, sandbox):
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_wal_mode_database_is_read_without_creating_files_beside_it(tmp_path, backend):
     db = tmp_path / "wal" / "wal.sqlite"
     db.parent.mkdir()
     conn = sqlite3.connect(db)
@@ -233,7 +224,7 @@ def test_a_wal_mode_database_is_read_without_creating_files_beside_it(tmp_path, 
     conn.commit()
     conn.close()
     before = folder_digest(db.parent)
-    runner = QueryRunner(SandboxSettings(sandbox, workers=1))
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
     try:
         assert runner.run(QueryRequest("sqlite", str(db), "SELECT a FROM t", 5.0, 10, 1000)).rows == [(7,)]
         refused = runner.run(QueryRequest("sqlite", str(db), "DELETE FROM t", 5.0, 10, 1000))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import math
+import warnings
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from skyrl_core import EnvConfig
+
+GRACE_S = 2.0  # how long after a query's time limit its process is killed (when it cannot stop the query itself)
 
 
 class SQLEnvConfig(EnvConfig):
@@ -27,14 +31,43 @@ class SQLEnvConfig(EnvConfig):
     reward_max_rows: int = Field(100_000, ge=1, description="Rows compared at most when scoring.")
     max_result_bytes: int = Field(16_000_000, ge=1_000, description="Result size cap of any query (bytes).")
     memory_limit_mb: int = Field(2048, ge=64, description="Address-space limit of each query process.")
-    sandbox: Literal["auto", "process", "bwrap"] = Field(
-        "auto", description="process: a resource-limited child process; bwrap: also a bubblewrap namespace "
-                            "(read-only filesystem, no network); auto: bwrap where it works, else process.")
+    sandbox: Literal["auto", "bwrap", "subprocess"] = Field(
+        "auto", description="Isolation of the query processes (skyrl-sandbox backends). bwrap: bubblewrap namespaces "
+        "(no network, read-only mounts of only the database folder, the Python standard library and the driver); "
+        "subprocess: a plain child process with rlimits, seccomp and no capabilities (weaker, opt-in only: it "
+        "shares the host's files and network); auto: bwrap, else an error saying what to install (never a "
+        "silent fallback). SKYRL_SANDBOX=bwrap|subprocess requires one backend for the whole run. "
+        "'process' is a deprecated name of subprocess.")
     sandbox_workers: int = Field(4, ge=1, description="Query processes shared by all envs of this process.")
+    sandbox_cpu_time_s: int = Field(
+        3600, ge=1, description="CPU seconds one query process may use over its life (RLIMIT_CPU, a backstop: each "
+                                "query is bounded by its time limit). A process is replaced once its queries have "
+                                "run for half of this.")
     format_penalty: float = Field(-1.0, le=0.0, description="Reward of a malformed episode.")
     require_think: bool = Field(True, description="SkyRL-SQL's format rule: <think> first and after every observation.")
     duplicates: Literal["ignore", "count"] = Field(
         "ignore", description="Unordered result comparison as sets (SkyRL-SQL) or as multisets.")
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_name(cls, value: object) -> object:
+        if value == "process":
+            warnings.warn("env.sandbox='process' is deprecated; use 'subprocess' (the same opt-in, weaker backend)",
+                          FutureWarning, stacklevel=2)
+            return "subprocess"
+        if value == "docker":
+            raise ValueError("the sql env runs its queries with the bwrap or subprocess backend; docker is not "
+                             "supported here (use 'auto', 'bwrap' or 'subprocess')")
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_time_covers_queries(self) -> SQLEnvConfig:
+        longest = max(self.query_timeout_s, self.reward_timeout_s) + GRACE_S
+        if self.sandbox_cpu_time_s < 2 * longest:
+            raise ValueError(f"sandbox_cpu_time_s={self.sandbox_cpu_time_s} must be at least {math.ceil(2 * longest)}: "
+                             "twice the longest query time limit plus its grace period, so no query of a process "
+                             "can reach the CPU limit")
+        return self
 
     @field_validator("engine")
     @classmethod

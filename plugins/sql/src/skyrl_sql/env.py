@@ -4,8 +4,9 @@ Each turn the model writes ``<sql>QUERY</sql>`` to run a query (it sees the resu
 which limit stopped the query) or ``<solution>QUERY</solution>`` to submit. The episode ends at the
 solution or at the turn limit, and is scored then: the format penalty if the model's actions break
 SkyRL-SQL's format rules (observations are never read for this), else 1 if the submitted query's
-result matches the gold query's result and 0 if not. Queries run in a sandbox process
-(:mod:`skyrl_sql.sandbox`).
+result matches the gold query's result and 0 if not. Queries run in sandbox worker processes
+(:mod:`skyrl_sql.sandbox`); ``info["sandbox_backend"]`` and the ``sandbox_bwrap`` metric say which
+skyrl-sandbox backend holds them.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from skyrl_sql.prompts import system_prompt, user_prompt
 from skyrl_sql.render import INVALID_ACTION, observation, result_body
 from skyrl_sql.result import QueryRequest, QueryResult
 from skyrl_sql.reward import normalize_sql, orders_result, results_match
-from skyrl_sql.sandbox import QueryRunner, SandboxSettings, get_runner
+from skyrl_sql.sandbox import QueryRunner, SandboxSettings, get_runner, message_cap_mb
 from skyrl_sql.tags import check_format, first_query, has_solution
 
 SCHEMA_QUERIES = {
     "sqlite": "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY rowid",
     "duckdb": "SELECT sql FROM duckdb_tables() UNION ALL SELECT sql FROM duckdb_views() WHERE NOT internal",
 }
+SCHEMA_MAX_BYTES = 16_000_000
 
 
 class SQLEnv(TextEnv):
@@ -42,6 +44,7 @@ class SQLEnv(TextEnv):
     def __init__(self, task: Mapping[str, Any] | None = None,
                  config: SQLEnvConfig | Mapping[str, Any] | None = None) -> None:
         super().__init__(task, config)
+        self.backend = "none"  # the sandbox backend running the queries, once known
         self._new_episode()
 
     def _new_episode(self) -> None:
@@ -50,10 +53,12 @@ class SQLEnv(TextEnv):
         self.invalid_turns = 0
         self.outcome: dict[str, float] = {}
         self._db_path: Path | None = None
+        self._db_root: Path | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self._new_episode()
-        return super().reset(seed=seed, options=options)
+        prompt, info = super().reset(seed=seed, options=options)
+        return prompt, {**info, "sandbox_backend": self.backend}
 
     # -- task -------------------------------------------------------------------------------------
 
@@ -69,6 +74,19 @@ class SQLEnv(TextEnv):
             c = self.config
             self._db_path = resolve_database(self.task, c.engine, c.db_root, c.cache_dir)
         return self._db_path
+
+    def database_root(self) -> Path:
+        """The folder the sandbox shows its workers (read-only): ``db_root``, the built-in databases' folder,
+        or the database's own folder."""
+        if self._db_root is None:
+            db, c = self.database(), self.config
+            if c.db_root and db.resolve().is_relative_to(Path(c.db_root).resolve()):
+                self._db_root = Path(c.db_root)
+            elif self.task.get("data") == "builtin" and not self.task.get("db_path"):
+                self._db_root = db.parent.parent
+            else:
+                self._db_root = db.parent
+        return self._db_root
 
     def build_prompt(self) -> list[dict[str, str]]:
         prompt = self.task.get("prompt")
@@ -119,7 +137,8 @@ class SQLEnv(TextEnv):
 
     def _reply(self, body: str, info: dict[str, Any]) -> StepResult:
         text = observation(body, self.max_turns - self.turn)
-        return StepResult([{"role": "user", "content": text}], 0.0, False, False, info)
+        return StepResult([{"role": "user", "content": text}], 0.0, False, False,
+                          {**info, "sandbox_backend": self.backend})
 
     def _score(self, *, submitted: bool) -> StepResult:
         c = self.config
@@ -141,7 +160,7 @@ class SQLEnv(TextEnv):
         self.outcome = {"format_ok": float(fmt.ok), "execution_match": float(match), "exact_match": float(exact),
                         "submitted": float(submitted)}
         info = {"reward_components": {"format": float(fmt.ok), "execution_match": float(match)},
-                "solution_sql": fmt.solution, "exact_match": exact, "why": reason}
+                "solution_sql": fmt.solution, "exact_match": exact, "why": reason, "sandbox_backend": self.backend}
         return StepResult([], reward, submitted, False, info)
 
     def _gold_result(self) -> QueryResult:
@@ -161,14 +180,20 @@ class SQLEnv(TextEnv):
 
     def _sandbox(self) -> QueryRunner:
         c = self.config
-        return get_runner(SandboxSettings(c.sandbox, c.memory_limit_mb, c.sandbox_workers))
+        runner = get_runner(SandboxSettings(c.sandbox, c.engine, c.memory_limit_mb, c.sandbox_workers,
+                                            c.sandbox_cpu_time_s, message_cap_mb(max(c.max_result_bytes,
+                                                                                     SCHEMA_MAX_BYTES))))
+        runner.add_root(self.database_root())
+        self.backend = runner.backend
+        return runner
 
     # -- metrics and data -------------------------------------------------------------------------
 
     def get_metrics(self) -> dict[str, float]:
         return {"turns": float(self.turn), "execution_errors": float(self.execution_errors),
                 "invalid_turns": float(self.invalid_turns), "format_ok": 0.0, "execution_match": 0.0,
-                "exact_match": 0.0, "submitted": 0.0, **self.outcome}
+                "exact_match": 0.0, "submitted": 0.0, **self.outcome,
+                "sandbox_bwrap": float(self.backend == "bwrap")}
 
     @classmethod
     def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:
@@ -183,7 +208,7 @@ class SQLEnv(TextEnv):
 @lru_cache(maxsize=256)
 def database_schema(runner: QueryRunner, engine: str, db_path: str) -> str:
     """The database's CREATE statements, read through the sandbox like any other query."""
-    result = runner.run(QueryRequest(engine, db_path, SCHEMA_QUERIES[engine], 30.0, 10_000, 16_000_000))
+    result = runner.run(QueryRequest(engine, db_path, SCHEMA_QUERIES[engine], 30.0, 10_000, SCHEMA_MAX_BYTES))
     if not result.ok:
         raise RuntimeError(f"cannot read the schema of {db_path}: {result.status}: {result.message}")
     return "\n".join(f"{row[0].rstrip(';')};" for row in result.rows if row[0])

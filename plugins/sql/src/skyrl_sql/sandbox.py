@@ -1,194 +1,379 @@
-"""Parent side of the query sandbox: a small pool of worker processes shared by all envs.
+"""Parent side of the query sandbox: skyrl-sandbox workers, shared by all envs of a process.
 
-Each query goes to an idle worker over a pipe. A worker that does not answer within the query's
-time limit plus a grace period, or that dies (memory limit, crash), is killed and replaced; the
-caller gets a ``timeout``/``crashed`` result, never a hung or dead trainer.
+Each query goes to an idle worker (the :mod:`skyrl_sql.worker` program) over a capped, framed
+channel. A worker that does not answer within the query's time limit plus a grace period, that
+dies (memory limit, crash) or that breaks the protocol (a forged, stray or oversized frame) is
+killed and replaced; the caller gets a ``timeout``/``crashed`` result, never a hung or dead trainer.
+
+Workers see only what they need, read-only: the Python standard library, their own stdlib-only
+package, the DuckDB distribution (for the DuckDB engine) and the database folders of the envs that
+use them. A folder is added when a query first needs it; workers started before then are retired.
 """
 
 from __future__ import annotations
 
-import atexit
+import asyncio
 import functools
-import json
+import importlib.metadata
 import logging
+import math
 import os
-import queue
-import select
-import shutil
-import subprocess
-import sys
+import platform
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path, PurePath
+from typing import Any
 
-from skyrl_sql.result import QueryRequest, QueryResult
+from skyrl_sandbox import (
+    BackendUnavailable,
+    Limits,
+    ProtocolViolation,
+    SandboxError,
+    WorkerGone,
+    WorkerPool,
+    WorkerProgram,
+    resolve_backend,
+)
+from skyrl_sandbox import framing as protocol
+from skyrl_sandbox.seccomp import build_filter
+
+from skyrl_sql.config import GRACE_S  # the worker stops its own queries; the grace is the backstop
+from skyrl_sql.worker.result import QueryRequest, QueryResult
 
 log = logging.getLogger(__name__)
 
-# Workers are started from this one long-lived thread: bubblewrap's --die-with-parent kills the
-# sandbox when the *thread* that started it exits, and env steps run on short-lived worker threads.
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-sql-spawner")
-
-GRACE_S = 2.0  # the worker stops its own queries; this is the backstop when it cannot
+USABLE_BACKENDS = ("bwrap", "subprocess")  # docker: out of scope for SQL queries
+WORKER_PACKAGE = Path(__file__).resolve().parent / "worker"
+WORKER_NAME = "skyrl_sql_worker"  # the package's name inside the sandbox
 START_TIMEOUT_S = 30.0
+SPARE_WORKERS = 1  # kept started, so a killed worker is replaced without waiting for an interpreter
+MAX_THREADS = 16  # main thread and watchdog; DuckDB runs with threads=1 and no asynchronous I/O threads
+TMP_SIZE_MB = 1  # the worker writes no file; /tmp only has to exist
+_STATUSES = ("ok", "error", "refused", "timeout", "crashed")
+_MAX_MESSAGE_CHARS = 10_000
+_warned: list[bool] = []  # log a missing protection once per process, not once per worker
+_NO_SECCOMP = (f"no seccomp filter for this architecture ({platform.machine()}): process creation, signals and "
+               "kernel interfaces are limited only by the backend")
+_NO_CGROUP = "no writable cgroup: threads are bounded by RLIMIT_NPROC (not for root) and memory by RLIMIT_AS"
+
+__all__ = ["GRACE_S", "USABLE_BACKENDS", "QueryRunner", "SandboxError", "SandboxSettings", "get_runner",
+           "message_cap_mb"]
 
 
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (cannot start, cannot open the database): not the model's fault."""
+def message_cap_mb(max_result_bytes: int) -> int:
+    """The channel cap that carries a result of ``max_result_bytes`` (as the worker counts them) as JSON.
+
+    The worker measures rows by their ``repr``; JSON's ASCII escapes can make text up to 6 times
+    longer (a result that still does not fit loses rows and says so).
+    """
+    return math.ceil(6 * max_result_bytes / 2**20) + 1
 
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    kind: Literal["auto", "process", "bwrap"] = "auto"
+    """How the workers of one runner are started (``backend``: auto, bwrap or subprocess)."""
+
+    backend: str = "auto"
+    engine: str = "sqlite"
     memory_mb: int = 2048
     workers: int = 4
+    cpu_time_s: int = 3600
+    max_message_mb: int = message_cap_mb(16_000_000)
 
-    def command(self) -> list[str]:
-        python = [sys.executable, "-m", "skyrl_sql.worker", "--memory-mb", str(self.memory_mb)]
-        if self.kind == "process" or (self.kind == "auto" and bwrap_path() is None):
-            return python
-        bwrap = bwrap_path()
-        if bwrap is None:
-            raise SandboxError("env.sandbox=bwrap needs a working bubblewrap (apt-get install bubblewrap; "
-                               "in containers it also needs user namespaces); or set env.sandbox=process")
-        return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--unshare-all", "--die-with-parent", "--new-session", *python]
+    def limits(self) -> Limits:
+        return Limits(cpu_time_s=self.cpu_time_s, memory_mb=self.memory_mb, max_processes=MAX_THREADS,
+                      max_open_files=256, max_file_size_mb=1, tmp_size_mb=TMP_SIZE_MB,
+                      max_message_mb=self.max_message_mb)
+
+
+def worker_program(engine: str, roots: tuple[str, ...]) -> WorkerProgram:
+    """The worker with its read-only view: the database folders and, for DuckDB, the duckdb distribution."""
+    read_only, python_path = roots, ()
+    if engine == "duckdb":
+        site, entries = distribution_paths("duckdb")
+        read_only, python_path = (*roots, *entries), (site,)
+    return WorkerProgram(module=f"{WORKER_NAME}.main", packages={WORKER_NAME: WORKER_PACKAGE},
+                         read_only=read_only, python_path=python_path)
 
 
 @functools.cache
-def bwrap_path() -> str | None:
-    """bubblewrap's path if it is installed and can create a sandbox here, else ``None``."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return None
-    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True)
-    if probe.returncode != 0:
-        log.warning("bubblewrap cannot create a sandbox here (%s); SQL queries run in plain limited processes",
-                    probe.stderr.decode(errors="replace").strip())
-        return None
-    return bwrap
+def distribution_paths(name: str) -> tuple[str, tuple[str, ...]]:
+    """The folder an installed distribution lives in, and its own top-level entries there (code and metadata).
+
+    Mounting only those shows the sandbox one distribution, not the whole site-packages beside it.
+    """
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise SandboxError(f"the {name} package is not installed: pip install {name}") from None
+    site = Path(dist.locate_file("")).resolve()
+    tops = {PurePath(file).parts[0] for file in dist.files or () if PurePath(file).parts[:1] != ("..",)}
+    return str(site), tuple(sorted(str(site / top) for top in tops if (site / top).exists()))
 
 
-class Worker:
-    """One sandbox process and its pipes."""
+class _Worker:
+    """One started worker process, the program generation it was started with, and its time spent on queries."""
 
-    def __init__(self, settings: SandboxSettings) -> None:
-        # No secrets from the trainer's environment: only what Python needs to start.
-        env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8",
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = _SPAWNER.submit(subprocess.Popen, settings.command(), stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=env, close_fds=True).result()
-        self._buffer = b""
-        try:
-            ready = self._read_line(time.monotonic() + START_TIMEOUT_S)
-        except EOFError:
-            ready = None
-        if ready is None or not json.loads(ready).get("ready"):
-            self.kill()
-            raise SandboxError(f"SQL sandbox process failed to start (exit code {self.process.poll()}); "
-                               f"command: {' '.join(settings.command())}")
-
-    def call(self, request: QueryRequest) -> QueryResult:
-        assert self.process.stdin is not None
-        try:
-            self.process.stdin.write((json.dumps(request.to_json()) + "\n").encode())
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            return self._crashed()
-        try:
-            line = self._read_line(time.monotonic() + request.timeout_s + GRACE_S)
-        except EOFError:
-            return self._crashed()
-        if line is None:
-            self.kill()
-            return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s and was stopped.")
-        reply = json.loads(line)
-        if "infra_error" in reply:
-            raise SandboxError(reply["infra_error"])
-        return QueryResult.from_json(reply)
-
-    def _crashed(self) -> QueryResult:
-        self.kill()
-        return QueryResult("crashed", message="the query crashed the database process (out of memory?) "
-                                              "and was stopped.")
-
-    def _read_line(self, deadline: float) -> bytes | None:
-        """One reply line, or ``None`` if the deadline passes; ``EOFError`` if the process closed its output."""
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                raise EOFError("the sandbox process closed its output")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line
+    def __init__(self, process: Any, generation: int) -> None:
+        self.process = process
+        self.generation = generation
+        self.busy_s = 0.0
+        self.last_id = 0
 
     @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
+    def pid(self) -> int:
+        return self.process.pid
 
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None:
-                pipe.close()
+    async def stop(self) -> None:
+        await self.process.wait()
 
 
 class QueryRunner:
-    """Runs queries on a pool of at most ``settings.workers`` sandbox processes, started lazily."""
+    """Runs queries on at most ``settings.workers`` sandbox workers, started on demand and kept between queries.
+
+    Thread-safe: :meth:`run` blocks the calling thread; the workers are driven from one event loop
+    thread per process.
+    """
 
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
-        # LIFO: a warm worker is reused before an empty slot starts another process.
-        self._slots: queue.LifoQueue[Worker | None] = queue.LifoQueue()
-        for _ in range(settings.workers):
-            self._slots.put(None)
-        self._all: list[Worker] = []
+        try:
+            self.backend = resolve_backend(settings.backend, USABLE_BACKENDS)
+        except BackendUnavailable as exc:
+            raise BackendUnavailable(exc.backend, f"{exc} In the sql env the setting is env.sandbox (auto, bwrap or "
+                                                  "subprocess).") from None
+        self._limits = settings.limits()
         self._lock = threading.Lock()
+        self._roots: tuple[str, ...] = ()
+        self._covered: dict[str, bool] = {}  # folder -> inside a mounted root (a cache)
+        self._pool: WorkerPool | None = None
+        self._generation = 0
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._slots = asyncio.Semaphore(settings.workers)
+        self._closed = False
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """The database folders the workers see (read-only, at their host paths)."""
+        return self._roots
+
+    def add_root(self, folder: str | os.PathLike[str]) -> None:
+        """Let workers read databases under ``folder``; workers started without it are retired."""
+        key = os.fspath(folder)
+        if self._covered.get(key):
+            return
+        real = os.path.realpath(key)
+        with self._lock:
+            if not _inside(real, self._roots):
+                self._roots = tuple(sorted({*(root for root in self._roots if not _inside(root, (real,))), real}))
+                old, self._pool = self._pool, WorkerPool(worker_program(self.settings.engine, self._roots),
+                                                         self._limits, self.backend, SPARE_WORKERS, USABLE_BACKENDS)
+                self._generation += 1
+                if old is not None:
+                    old.close()
+            self._covered[key] = True
+
+    def worker_pids(self) -> list[int]:
+        """Host pids of the started workers (with bwrap: the bwrap process holding each)."""
+        return [worker.pid for worker in [*self._idle, *self._busy]]
 
     def run(self, request: QueryRequest) -> QueryResult:
-        worker = self._slots.get()
-        try:
-            if worker is None or not worker.alive:
-                worker = Worker(self.settings)
-                with self._lock:
-                    self._all = [w for w in self._all if w.alive] + [worker]
-            result = worker.call(request)
-            if not worker.alive:
-                worker = None
-            return result
-        finally:
-            self._slots.put(worker)
+        """Run one query in a worker; problems caused by the query come back in the result.
+
+        Raises :class:`SandboxError` when the sandbox itself fails (cannot start, cannot open the
+        database).
+        """
+        if self._closed:
+            raise SandboxError("run() on a closed query runner")
+        if request.engine != self.settings.engine:
+            raise SandboxError(f"a {request.engine} query sent to the runner of {self.settings.engine} workers")
+        db_path = os.path.realpath(request.db_path)
+        if not os.path.isfile(db_path):
+            raise SandboxError(f"cannot open {request.engine} database {request.db_path}: the file does not exist")
+        folder = os.path.dirname(db_path)
+        if not self._covered.get(folder):
+            self.add_root(folder)
+        return asyncio.run_coroutine_threadsafe(self._run(request, db_path), _loop()).result()
 
     def close(self) -> None:
+        """Kill the idle workers and stop starting new ones; busy workers are killed when their query ends."""
+        if self._closed:
+            return
+        self._closed = True
+        asyncio.run_coroutine_threadsafe(self._close(), _loop()).result()
+
+    # --- on the event loop ----------------------------------------------------------------------
+
+    async def _close(self) -> None:
         with self._lock:
-            for worker in self._all:
-                worker.kill()
-            self._all.clear()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+        idle, self._idle = self._idle, []
+        for worker in idle:
+            await worker.stop()
+
+    async def _run(self, request: QueryRequest, db_path: str) -> QueryResult:
+        async with self._slots:
+            worker = await self._take(request.timeout_s + GRACE_S)
+            self._busy.add(worker)
+            keep = False
+            try:
+                result, keep = await self._query(worker, request, db_path)
+            finally:
+                self._busy.discard(worker)
+                if keep and not self._closed:
+                    self._idle.append(worker)
+                else:
+                    await worker.stop()
+        if isinstance(result, SandboxError):
+            raise result
+        return result
+
+    async def _take(self, needed_s: float) -> _Worker:
+        """A started worker of the current program with CPU time left for ``needed_s``, else a new one."""
+        while self._idle:
+            worker = self._idle.pop()  # LIFO: a warm worker is reused before another is started
+            if worker.generation != self._generation or worker.process.popen.poll() is not None:
+                await worker.stop()
+            elif worker.busy_s + needed_s > self._limits.cpu_time_s / 2:
+                await worker.stop()  # replaced long before RLIMIT_CPU could stop one of its queries
+            elif await worker.process.has_unread_data():
+                log.warning("an idle SQL sandbox worker (%s) sent unrequested data and was replaced", self.backend)
+                await worker.stop()
+            else:
+                return worker
+        return await self._start()
+
+    async def _start(self) -> _Worker:
+        """Start a worker and lock it down; one retry covers a pre-started worker that died meanwhile."""
+        problem = ""
+        for _ in range(2):
+            with self._lock:
+                pool, generation = self._pool, self._generation
+            if pool is None:
+                raise SandboxError("the query runner is closed")
+            try:
+                process = await pool.acquire()
+            except OSError as exc:
+                raise SandboxError(f"could not start an SQL sandbox worker ({self.backend}): {exc}") from exc
+            try:
+                await asyncio.wait_for(self._initialise(process), START_TIMEOUT_S)
+                return _Worker(process, generation)
+            except asyncio.TimeoutError:
+                await process.wait()
+                problem = f"did not start within {START_TIMEOUT_S:g} s; its stderr: {process.stderr_tail() or '(empty)'}"
+            except (WorkerGone, ProtocolViolation, OSError) as exc:
+                status = await process.wait(grace_s=1.0, keep_files=True)
+                problem = (f"{process.describe_exit(status)} while starting ({exc}); "
+                           f"its stderr: {process.stderr_tail() or '(empty)'}")
+                process.discard()
+            except BaseException:
+                await process.wait()
+                raise
+            finally:
+                pool.refill()
+        raise SandboxError(f"the SQL sandbox worker ({self.backend}) {problem}")
+
+    async def _initialise(self, process: Any) -> None:
+        own_pid = await process.attach()
+        seccomp = build_filter(allow_subprocesses=False, own_pid=own_pid)
+        process.send({"op": "init", "engine": self.settings.engine, "memory_mb": self.settings.memory_mb,
+                      "limits": self._limits.rlimits(), "seccomp_filter": None if seccomp is None else seccomp.hex()})
+        reply = await process.receive()
+        protocol.expect(reply, "init_done")
+        if reply.get("error") is not None:
+            raise SandboxError(f"the SQL sandbox worker ({self.backend}) failed to start: "
+                               f"{protocol.text_field(reply, 'error', _MAX_MESSAGE_CHARS)}")
+        gaps = [str(item)[:500] for item in reply.get("warnings") or []]
+        gaps += [gap for missing, gap in ((seccomp is None, _NO_SECCOMP), (process.cgroup is None, _NO_CGROUP))
+                 if missing]
+        if gaps and not _warned:
+            _warned.append(True)
+            log.warning("SQL sandbox (%s) runs without some protection: %s", self.backend, "; ".join(gaps))
+
+    async def _query(self, worker: _Worker, request: QueryRequest,
+                     db_path: str) -> tuple[QueryResult | SandboxError, bool]:
+        """The query's result (or the infrastructure error the worker reported), and whether the worker
+        may serve another query."""
+        process = worker.process
+        worker.last_id += 1
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            process.send({"op": "query", "id": worker.last_id, "request": {**request.to_json(), "db_path": db_path}})
+            message = await asyncio.wait_for(process.receive(), request.timeout_s + GRACE_S)
+            return _read_result(message, worker.last_id, request), True
+        except asyncio.TimeoutError:
+            return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s and was "
+                                                  "stopped."), False
+        except WorkerGone:
+            status = await process.wait(grace_s=1.0, keep_files=True)
+            reason = process.describe_exit(status)
+            process.discard()
+            if "memory limit" in reason:
+                return QueryResult("crashed", message="the query needed more memory than the limit and was "
+                                                      "stopped."), False
+            return QueryResult("crashed", message=f"the query crashed the database process (it {reason}) and was "
+                                                  "stopped."), False
+        except ProtocolViolation as exc:
+            log.warning("an SQL sandbox worker (%s) broke the protocol and was replaced: %s", self.backend, exc)
+            return QueryResult("crashed", message="the database process sent an invalid reply and was stopped."), False
+        finally:
+            worker.busy_s += loop.time() - started
 
 
-_RUNNERS: dict[SandboxSettings, QueryRunner] = {}
+def _read_result(message: dict[str, Any], request_id: int, request: QueryRequest) -> QueryResult | SandboxError:
+    """The result in a worker's reply (or the infrastructure error it reports), checked like any hostile input."""
+    protocol.expect(message, "result")
+    if protocol.int_field(message, "id") != request_id:
+        raise ProtocolViolation("a result for another query")
+    infra_error = protocol.text_field(message, "infra_error", _MAX_MESSAGE_CHARS)
+    if infra_error is not None:
+        return SandboxError(infra_error)
+    status, columns, rows, cut = message.get("status"), message.get("columns"), message.get("rows"), message.get("cut")
+    if status not in _STATUSES:
+        raise ProtocolViolation(f"unknown result status {str(status)[:40]!r}")
+    if not isinstance(columns, list) or not all(isinstance(column, str) for column in columns):
+        raise ProtocolViolation("field 'columns' must be a list of strings")
+    if not isinstance(rows, list) or len(rows) > request.max_rows or not all(isinstance(row, list) for row in rows):
+        raise ProtocolViolation(f"field 'rows' must be a list of at most {request.max_rows:,} rows")
+    if cut not in (None, "rows", "bytes"):
+        raise ProtocolViolation("field 'cut' must be null, 'rows' or 'bytes'")
+    return QueryResult(status=status, columns=columns, rows=[tuple(row) for row in rows], cut=cut,
+                       message=protocol.text_field(message, "message", _MAX_MESSAGE_CHARS, optional=False))
+
+
+def _inside(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+_LOOPS: dict[int, asyncio.AbstractEventLoop] = {}
+_LOOPS_LOCK = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop thread that drives every worker (a forked child starts its own)."""
+    with _LOOPS_LOCK:
+        loop = _LOOPS.get(os.getpid())
+        if loop is None:
+            loop = _LOOPS[os.getpid()] = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="skyrl-sql-sandbox", daemon=True).start()
+        return loop
+
+
+_RUNNERS: dict[tuple[int, SandboxSettings], QueryRunner] = {}
 _RUNNERS_LOCK = threading.Lock()
 
 
 def get_runner(settings: SandboxSettings) -> QueryRunner:
-    """The process-wide runner for these settings (envs are cheap; sandbox processes are shared)."""
-    with _RUNNERS_LOCK:
-        runner = _RUNNERS.get(settings)
-        if runner is None:
-            runner = _RUNNERS[settings] = QueryRunner(settings)
-        return runner
-
-
-@atexit.register
-def _close_all() -> None:
-    for runner in _RUNNERS.values():
-        runner.close()
+    """The process-wide runner for these settings (envs are cheap; sandbox workers are shared)."""
+    key = (os.getpid(), settings)
+    runner = _RUNNERS.get(key)
+    if runner is None:
+        with _RUNNERS_LOCK:
+            runner = _RUNNERS.get(key)
+            if runner is None:
+                runner = _RUNNERS[key] = QueryRunner(settings)
+    return runner
