@@ -1,13 +1,67 @@
-"""The Docker backend: a real Docker Engine through the ``docker`` SDK (optional extra)."""
+"""The Docker backend: a real Docker Engine through the ``docker`` SDK (optional extra).
+
+A worker runs as the main process of one container, started from the pool's spawner thread and
+driven through the container's own stdin/stdout: the parent attaches to the container before it
+starts (one long-lived hijacked connection of the engine's attach API, the stream demultiplexed
+here: stdout carries the framed channel, stderr goes to a bounded tail), so a message costs a
+write and a read on a socket, never a ``docker exec``.
+
+Each container: no network (``network_mode=none``), read-only root file system, a size-bounded
+tmpfs ``/tmp`` as the only writable place (``/dev/mqueue`` is covered read-only, no ``/dev/shm``:
+a private IPC namespace), every capability dropped, ``no-new-privileges``, pids/memory/CPU
+limits (memory + swap = ``memory_mb + tmp_size_mb``, so tmpfs pages count), a non-root uid of
+its own (per-user limits such as RLIMIT_NPROC are counted per uid, and a shared uid would let
+one sandbox's threads use up another's), no log driver (the channel never reaches the disk), and
+a minimal init (``docker-init``) as PID 1 so that the worker is an ordinary process signals can
+kill. The program's packages are bind-mounted read-only at ``/skyrl/lib/<name>``, its read-only
+paths at their own path, the worker's inbox at ``/skyrl/inbox``.
+
+Containers carry labels (``skyrl.sandbox=1``, the owner's pid, its start time and its machine)
+and are removed on close, on garbage collection and at exit; the first container a process
+starts sweeps those of owners that died without cleaning up (e.g. SIGKILL).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import logging
 import os
+import secrets
+import shutil
+import socket
+import struct
+import termios
+import threading
+import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any
 
+from . import framing
+from .dirs import make_host_dir
+from .errors import SandboxError, WorkerGone
+from .launch import INSIDE_INBOX, INSIDE_LIB, LaunchPlan, WorkerProgram, clean_env, python_args, spawn_settings
+from .limits import Limits
+from .process import _tree_threads
+
+log = logging.getLogger(__name__)
+
 # Where scripts/setup.sh starts an engine of its own when none answers (data, socket and log live there).
 SKYRL_DOCKER_SOCKET = Path("/var/lib/skyrl-docker/docker.sock")
+CONTAINER_PYTHON = "/usr/bin/python3"
+LABEL = "skyrl.sandbox"
+OWNER_LABEL = "skyrl.sandbox.owner"
+OWNER_START_LABEL = "skyrl.sandbox.owner-start"
+MACHINE_LABEL = "skyrl.sandbox.machine"
+INIT_TASKS = 1  # docker-init, the container's PID 1, in the container's pids count
+CPU_LIMIT_NANOS = 10**9  # one CPU
+UID_RANGE = (1_000_000_000, 1_500_000_000)  # per-container uids, far above any host account
+STDERR_TAIL_BYTES = 64 * 1024
+_STDOUT, _HEADER = 1, struct.Struct(">BxxxI")
+_clients: dict[int, Any] = {}
+_clients_lock = threading.Lock()
+_swept: set[int] = set()
 
 
 def docker_host() -> str | None:
@@ -29,6 +83,15 @@ def client() -> Any:
     return docker.DockerClient(base_url=host) if host else docker.from_env()
 
 
+def shared_client() -> Any:
+    """This process's client (a forked child makes its own: connections must not be shared)."""
+    pid = os.getpid()
+    with _clients_lock:
+        if pid not in _clients:
+            _clients[pid] = client()
+        return _clients[pid]
+
+
 def engine_problem() -> str | None:
     """None when a Docker Engine answers; else why not."""
     try:
@@ -40,3 +103,458 @@ def engine_problem() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure to reach the engine is the answer
         return f"no Docker Engine answers ({docker_host() or 'DOCKER_HOST unset'}): {type(exc).__name__}: {exc}"
     return None
+
+
+# --- starting a worker ------------------------------------------------------------------------------
+
+
+def plan_docker(program: WorkerProgram, limits: Limits) -> LaunchPlan:
+    """The worker's command line inside the container and the paths it sees there."""
+    inside_packages = tuple(f"{INSIDE_LIB}/{name}" for name in program.all_packages)
+    argv = python_args(program, CONTAINER_PYTHON, [INSIDE_LIB], spawn_settings(limits, None))
+    return LaunchPlan(argv=argv, cwd="/tmp", env=clean_env("/tmp"), inside_tmp="/tmp", inside_inbox=INSIDE_INBOX,
+                      inside_read_roots=(*inside_packages, *program.read_only, INSIDE_INBOX))
+
+
+def container_settings(program: WorkerProgram, limits: Limits, host_dir: Path) -> dict[str, Any]:
+    """Keyword arguments of ``APIClient.create_host_config`` for one worker's container."""
+    from docker.types import LogConfig, Mount, Ulimit
+
+    mounts = [Mount(f"{INSIDE_LIB}/{name}", str(folder), type="bind", read_only=True)
+              for name, folder in program.all_packages.items()]
+    mounts += [Mount(path, path, type="bind", read_only=True) for path in program.read_only]
+    mounts.append(Mount(INSIDE_INBOX, str(host_dir / "inbox"), type="bind", read_only=True))
+    return {
+        "network_mode": "none",
+        "read_only": True,
+        "tmpfs": {"/tmp": f"rw,nosuid,nodev,noexec,size={limits.tmp_size_mb}m,mode=1777",
+                  "/dev/mqueue": "ro,nosuid,nodev,noexec,size=4k"},
+        "ipc_mode": "none",  # a private IPC namespace and no /dev/shm
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": limits.max_processes + INIT_TASKS,
+        "mem_limit": limits.pinned_memory_bytes,
+        "memswap_limit": limits.pinned_memory_bytes,  # equal: no swap
+        "nano_cpus": CPU_LIMIT_NANOS,
+        "ulimits": [Ulimit(name="core", soft=0, hard=0)],
+        "oom_score_adj": 500,  # under host memory pressure, sandboxes go before the trainer
+        "init": True,
+        "log_config": LogConfig(type="none"),
+        "mounts": mounts,
+    }
+
+
+def start_container_worker(program: WorkerProgram, limits: Limits, image: str | None = None) -> ContainerWorker:
+    """Create, attach to and start one worker's container (blocking; the pool calls it from its spawner)."""
+    import docker
+
+    from . import images
+
+    api = shared_client().api
+    sweep_once()
+    if image is None:
+        image = images.ensure_base_image()
+    _check_readable(program)
+    host_dir = make_host_dir()
+    os.chmod(host_dir / "inbox", 0o755)  # the container's uid reads it; the folders above stay private
+    uid = UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])
+    plan = plan_docker(program, limits)
+    container_id = None
+    try:
+        container_id = api.create_container(
+            image, plan.argv, user=f"{uid}:{uid}", stdin_open=True, tty=False, environment=plan.env,
+            working_dir=plan.cwd, hostname="sandbox", labels=owner_labels(),
+            host_config=api.create_host_config(**container_settings(program, limits, host_dir)))["Id"]
+        channel = _attach(api, container_id)  # before start: not a byte of the worker's output is missed
+        try:
+            api.start(container_id)
+            state = api.inspect_container(container_id)["State"]
+        except BaseException:
+            channel.close()
+            raise
+    except BaseException as exc:
+        if container_id is not None:
+            _remove(api, container_id)
+        shutil.rmtree(host_dir, ignore_errors=True)
+        if isinstance(exc, docker.errors.ImageNotFound):
+            images.forget(image)
+            raise SandboxError(f"Docker image {image!r} is not on this engine and nothing is pulled: build it "
+                               "(python -m skyrl_sandbox.images, or images.build_image for a task image)") from exc
+        if isinstance(exc, (docker.errors.DockerException, OSError)):
+            raise SandboxError(f"could not start a sandbox container from {image!r}: {exc}") from exc
+        raise
+    return ContainerWorker(api, container_id, plan, host_dir, channel, limits.max_message_bytes, state.get("Pid") or 0,
+                           uid)
+
+
+def _attach(api: Any, container_id: str) -> socket.socket:
+    """A socket of its own on the container's attach stream (the SDK's objects released, not pooled)."""
+    sdk_socket = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+    raw = getattr(sdk_socket, "_sock", sdk_socket)
+    if not isinstance(raw, socket.socket) or raw.type != socket.SOCK_STREAM:
+        sdk_socket.close()
+        raise SandboxError(f"the docker backend needs a plain unix or tcp engine socket, not {type(raw).__name__} "
+                           f"({docker_host()})")
+    channel = socket.socket(fileno=os.dup(raw.fileno()))
+    response = getattr(sdk_socket, "_response", None)
+    if response is not None:
+        response.close()  # closes the SDK's copy of the connection: it can never go back to its pool
+    sdk_socket.close()
+    return channel
+
+
+def _check_readable(program: WorkerProgram) -> None:
+    for folder in [*program.all_packages.values(), *map(Path, program.read_only)]:
+        try:
+            mode = folder.stat().st_mode
+        except OSError as exc:
+            raise SandboxError(f"cannot mount {folder} into the sandbox: {exc}") from exc
+        if folder.is_dir() and mode & 0o005 != 0o005:
+            raise SandboxError(f"{folder} must be readable by everyone (mode o+rx) to be mounted into a Docker "
+                               "sandbox: its worker runs as an unprivileged uid of its own")
+
+
+# --- ownership and the sweep ---------------------------------------------------------------------
+
+
+def owner_labels() -> dict[str, str]:
+    pid = os.getpid()
+    return {LABEL: "1", OWNER_LABEL: str(pid), OWNER_START_LABEL: _start_time(pid) or "", MACHINE_LABEL: machine_id()}
+
+
+def machine_id() -> str:
+    """This kernel boot and PID namespace: owner pids mean something only where both match."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = socket.gethostname()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "pid:?"
+    return f"{boot}/{namespace.removeprefix('pid:').strip('[]')}"
+
+
+def _start_time(pid: int) -> str | None:
+    """When a process started (clock ticks since boot), which tells a reused pid from its first owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner_alive(labels: dict[str, str]) -> bool:
+    owner = labels.get(OWNER_LABEL, "")
+    if not owner.isdigit():
+        return True  # not ours to judge
+    started = _start_time(int(owner))
+    if started is None:  # no such process (or no /proc to ask: then only whether the pid exists)
+        from .cgroups import alive
+
+        return not Path("/proc/self/stat").exists() and alive(int(owner))
+    return labels.get(OWNER_START_LABEL) in (None, "", started)  # a different start time: the pid was reused
+
+
+def sweep_stale_containers(api: Any | None = None) -> list[str]:
+    """Remove the containers of owners (on this machine) that died without cleaning up; returns their ids."""
+    api = api or shared_client().api
+    found = api.containers(all=True, filters={"label": [f"{LABEL}=1", f"{MACHINE_LABEL}={machine_id()}"]})
+    removed = []
+    for container in found:
+        if not _owner_alive(container.get("Labels") or {}):
+            _remove(api, container["Id"])
+            removed.append(container["Id"])
+    if removed:
+        log.info("removed %d sandbox container(s) left by owners that died", len(removed))
+    return removed
+
+
+def sweep_once() -> None:
+    """Sweep dead owners' containers the first time this process uses the docker backend."""
+    pid = os.getpid()
+    if pid in _swept:
+        return
+    _swept.add(pid)
+    try:
+        sweep_stale_containers()
+    except Exception as exc:  # noqa: BLE001 - a failed sweep must not stop new sandboxes
+        log.warning("could not sweep stale sandbox containers: %s", exc)
+
+
+def _remove(api: Any, container_id: str) -> None:
+    """Kill and remove a container (idempotent: one already gone or being removed is fine)."""
+    import docker
+
+    try:
+        api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if "already in progress" not in str(exc):
+            log.warning("could not remove sandbox container %s: %s", container_id[:12], exc)
+
+
+def _remove_all(api: Any, container_id: str, host_dir: Path, channel: socket.socket, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:
+        return  # a forked copy of the owner exiting: the containers are not its to remove
+    channel.close()
+    _remove(api, container_id)
+    shutil.rmtree(host_dir, ignore_errors=True)
+
+
+# --- the started worker --------------------------------------------------------------------------
+
+
+class ContainerWorker:
+    """A started worker container, its host folder (the inbox) and, once attached to a loop, its channel.
+
+    Same interface as :class:`skyrl_sandbox.process.WorkerProcess`.
+    """
+
+    backend = "docker"
+    cgroup = None  # the container's own groups hold the limits (see task_count and describe_exit)
+
+    def __init__(self, api: Any, container_id: str, plan: LaunchPlan, host_dir: Path, channel: socket.socket,
+                 max_message_bytes: int, init_pid: int, uid: int) -> None:
+        self.api = api
+        self.container_id = container_id
+        self.plan = plan
+        self.host_dir = host_dir
+        self.max_message_bytes = max_message_bytes
+        self.uid = uid
+        self._init_pid = init_pid
+        self._channel = channel
+        self._pids_file = _pids_file(init_pid, container_id)
+        self._local = self._pids_file is not None or _in_container(init_pid, container_id)
+        self._stderr: deque[bytes] = deque()
+        self._stream: _AttachStream | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._transport: asyncio.Transport | None = None
+        self._oom_killed = False
+        self._status: int | None = None
+        # Runs on discard(), on garbage collection and at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _remove_all, api, container_id, host_dir, channel, os.getpid())
+
+    @property
+    def pid(self) -> int:
+        """Host PID of the container's init process (0 where the engine's processes are not visible)."""
+        return self._init_pid
+
+    async def attach(self) -> int:
+        """Connect the attach stream to the running loop, wait for ``ready``; returns the worker's own pid."""
+        loop = asyncio.get_running_loop()
+        self._reader = asyncio.StreamReader(limit=2**20)
+        self._stream = _AttachStream(self._reader, self._stderr)
+        self._transport, _ = await loop.create_connection(lambda: self._stream, sock=self._channel)
+        ready = await self.receive()
+        framing.expect(ready, "ready")
+        return framing.int_field(ready, "pid")
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise WorkerGone("the worker's channel is closed")
+        self._transport.write(framing.encode(message))
+
+    async def receive(self) -> dict[str, Any]:
+        assert self._reader is not None, "attach() first"
+        return await framing.read_message(self._reader, self.max_message_bytes)
+
+    async def has_unread_data(self) -> bool:
+        """Whether the worker sent anything on stdout not read yet (buffered here or still in the socket)."""
+        assert self._reader is not None and self._stream is not None, "attach() first"
+        await asyncio.sleep(0)
+        for _ in range(100):  # let the transport move what is in the socket (stderr frames are not unread data)
+            if self._channel.fileno() < 0 or not _bytes_waiting(self._channel):
+                break
+            await asyncio.sleep(0)
+        # StreamReader has no public count of buffered bytes.
+        return self._stream.stdout_pending or bool(self._reader._buffer)  # type: ignore[attr-defined]
+
+    def task_count(self) -> int:
+        """Threads and processes in the container now (docker-init included), counted from outside."""
+        if self._pids_file is not None:
+            try:
+                return int(self._pids_file.read_text())
+            except (OSError, ValueError):
+                pass
+        if self._local:
+            return _tree_threads(self._init_pid)
+        try:  # an engine whose processes this machine cannot see: ask it
+            stats = self.api.stats(self.container_id, stream=False, one_shot=True)
+            return int(stats["pids_stats"]["current"])
+        except Exception:  # noqa: BLE001 - a stopped container has no count
+            return 0
+
+    def write_inbox(self, name: str, data: bytes) -> str:
+        """Put a file where the worker can read it; returns its path as the worker sees it."""
+        path = self.host_dir / "inbox" / name
+        path.write_bytes(data)
+        path.chmod(0o644)
+        return f"{self.plan.inside_inbox}/{name}"
+
+    def kill(self) -> None:
+        """SIGKILL the container (idempotent); reap and remove with :meth:`wait`."""
+        import docker
+
+        if self._transport is not None:
+            self._transport.close()
+        try:
+            self.api.kill(self.container_id)
+        except docker.errors.APIError:
+            pass  # not running any more, or already removed
+
+    def discard(self) -> None:
+        """Kill and remove the container and the host folder, blocking (for idle workers never attached)."""
+        if self._transport is not None:
+            self._transport.close()
+        self._finalizer()
+
+    async def wait(self, grace_s: float = 0.0, keep_files: bool = False) -> int:
+        """Give the worker ``grace_s`` to exit by itself, then kill, reap and remove the container.
+
+        Returns the exit status (128 + signal number for a signal). ``keep_files`` leaves the host
+        folder for :meth:`discard` to remove; the stderr tail is kept in memory either way.
+        """
+        if grace_s and self._stream is not None:
+            try:
+                await asyncio.wait_for(self._stream.closed.wait(), grace_s)
+            except asyncio.TimeoutError:
+                pass
+        if self._transport is not None:
+            self._transport.close()
+        if self._status is None:
+            self._status = await asyncio.to_thread(self._stop)
+        if not keep_files:
+            self._finalizer()
+        return self._status
+
+    def _stop(self) -> int:
+        import docker
+
+        try:
+            self.api.kill(self.container_id)
+        except docker.errors.APIError:
+            pass
+        try:
+            status = int(self.api.wait(self.container_id, timeout=30)["StatusCode"])
+            self._oom_killed = bool(self.api.inspect_container(self.container_id)["State"].get("OOMKilled"))
+        except Exception:  # noqa: BLE001 - removed under us (e.g. by discard): the worker is gone either way
+            status = 137
+        _remove(self.api, self.container_id)
+        return status
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        data = b"".join(self._stderr)[-limit:]
+        return data.decode("utf-8", "replace").strip()
+
+    def describe_exit(self, status: int | None) -> str:
+        """Why the worker ended, in words (the engine reports a signal death as 128 + signal number)."""
+        if self._oom_killed:
+            return "was killed by the kernel at the container's memory limit (memory_mb + tmp_size_mb)"
+        if status is None:
+            return "is no longer responding"
+        if status > 128:
+            import signal
+
+            number = status - 128
+            name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
+            reason = {"SIGXCPU": " (CPU time limit reached)", "SIGKILL": " (killed)",
+                      "SIGSEGV": " (crashed)"}.get(name, "")
+            return f"was terminated by {name}{reason}"
+        return f"exited with status {status}"
+
+
+class _AttachStream(asyncio.Protocol):
+    """Splits the engine's multiplexed stream (8-byte headers: stream, 0, 0, 0, size) into stdout and stderr.
+
+    Stdout feeds the channel's reader (which pauses the socket when it holds too much); stderr is
+    kept as a bounded tail, so a worker flooding it costs the parent no memory.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, stderr: deque[bytes]) -> None:
+        self.reader = reader
+        self.stderr = stderr
+        self.closed = asyncio.Event()
+        self._stderr_bytes = 0
+        self._header = bytearray()
+        self._stream = 0
+        self._remaining = 0
+
+    @property
+    def stdout_pending(self) -> bool:
+        """Whether part of a stdout frame has arrived and not been handed to the reader yet."""
+        return bool(self._header) or (self._stream == _STDOUT and self._remaining > 0)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.reader.set_transport(transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if not self._remaining:
+                needed = _HEADER.size - len(self._header)
+                self._header += view[:needed]
+                view = view[needed:]
+                if len(self._header) < _HEADER.size:
+                    return
+                self._stream, self._remaining = _HEADER.unpack(self._header)
+                self._header.clear()
+                continue
+            chunk, view = view[:self._remaining], view[self._remaining:]
+            self._remaining -= len(chunk)
+            if self._stream == _STDOUT:
+                self.reader.feed_data(bytes(chunk))
+            else:
+                self._keep_stderr(bytes(chunk))
+
+    def _keep_stderr(self, chunk: bytes) -> None:
+        self.stderr.append(chunk[-STDERR_TAIL_BYTES:])
+        self._stderr_bytes += len(self.stderr[-1])
+        while self._stderr_bytes - len(self.stderr[0]) >= STDERR_TAIL_BYTES:
+            self._stderr_bytes -= len(self.stderr.popleft())
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: the container's output has ended
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reader.feed_eof()
+        self.closed.set()
+
+
+def _bytes_waiting(channel: socket.socket) -> int:
+    try:
+        return struct.unpack("i", fcntl.ioctl(channel.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+
+
+def _pids_file(init_pid: int, container_id: str) -> Path | None:
+    """The container's ``pids.current`` where this machine sees the engine's processes and cgroups."""
+    if not init_pid:
+        return None
+    try:
+        lines = Path(f"/proc/{init_pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if container_id not in path:
+            continue
+        if "pids" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/pids", path.lstrip("/"), "pids.current")
+        elif controllers == "":
+            candidate = Path("/sys/fs/cgroup", path.lstrip("/"), "pids.current")
+        else:
+            continue
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _in_container(init_pid: int, container_id: str) -> bool:
+    """Whether ``init_pid`` on this machine is the container's process (same kernel and PID namespace)."""
+    try:
+        return init_pid > 0 and container_id in Path(f"/proc/{init_pid}/cgroup").read_text()
+    except OSError:
+        return False

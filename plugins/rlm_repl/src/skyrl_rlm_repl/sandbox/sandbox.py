@@ -90,7 +90,7 @@ class Sandbox:
 
     @property
     def pid(self) -> int | None:
-        """Host PID of the current worker (the bwrap process with that backend); None when closed."""
+        """Host PID of the current worker (the bwrap process, or the container's init with docker); None when closed."""
         return None if self._worker is None else self._worker.pid
 
     async def __aenter__(self) -> Sandbox:
@@ -186,7 +186,7 @@ class Sandbox:
         if program is None:
             warnings.append(f"no seccomp filter for this architecture ({platform.machine()}): process creation, "
                             "signals and kernel interfaces are limited only by the backend")
-        if worker.cgroup is None:
+        if worker.cgroup is None and worker.backend != "docker":  # a container's own cgroups hold its limits
             warnings.append("no writable cgroup: threads are bounded by RLIMIT_NPROC (not for root) and memory by "
                             "RLIMIT_AS plus the /tmp size")
         if warnings and not _warned:
