@@ -9,16 +9,17 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from pathlib import Path
 
 import pytest
 from conftest import CONTEXT_TASK, repl, scripted_policy
 from hostile import (
-    BWRAP_SKIP,
     DISABLE_POLICY,
     FIND_CHANNEL,
     FIND_TOKEN,
     FRAME,
     IS_PIPE,
+    KERNEL_BACKENDS,
     WRITE_ALL,
     hostile_config,
     still_healthy,
@@ -136,21 +137,35 @@ async def test_a_thread_bomb_stops_at_max_processes(backend):
 
 async def test_the_worker_sits_in_cgroups_with_the_configured_limits(backend):
     support = cgroup_support()
-    if support is None:
+    if support is None and backend != "docker":  # a container's groups are the engine's own
         require_cgroup_as_root()
         pytest.skip("no writable cgroup here (RLIMIT_NPROC binds for this non-root user)")
     config = hostile_config(backend, max_processes=20, memory_mb=300, tmp_size_mb=16)
     async with await Sandbox.create(config) as box:
-        group, pid = box._worker.cgroup, box.pid
-        pids_dir = group.dirs[0]
+        pid = box.pid
+        if backend == "docker":
+            pids_dir, memory_dir = process_groups(pid, "pids"), process_groups(pid, "memory")
+        else:
+            pids_dir, memory_dir = box._worker.cgroup.dirs[0], box._worker.cgroup.dirs[-1]
         members = (pids_dir / "cgroup.procs").read_text().split()
         pids_max = int((pids_dir / "pids.max").read_text())
-        limit_file = "memory.limit_in_bytes" if support.version == 1 else "memory.max"
-        memory_max = int((group.dirs[-1] / limit_file).read_text())
+        limit_file = "memory.limit_in_bytes" if (memory_dir / "memory.limit_in_bytes").exists() else "memory.max"
+        memory_max = int((memory_dir / limit_file).read_text())
     assert str(pid) in members
-    assert pids_max == 20 + (2 if backend == "bwrap" else 0)  # bwrap's own two processes
+    # bwrap's own two processes; docker: the container's init
+    assert pids_max == 20 + {"bwrap": 2, "docker": 1}.get(backend, 0)
     assert memory_max == (300 + 16) * 2**20
     assert not pids_dir.exists()  # removed with the worker
+
+
+def process_groups(pid: int, controller: str) -> Path:
+    """The cgroup folder of ``controller`` holding host process ``pid`` (cgroup v1, or v2's single hierarchy)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return Path("/sys/fs/cgroup", controller, path.lstrip("/"))
+    v2 = next(line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if line.startswith("0::"))
+    return Path("/sys/fs/cgroup", v2[3:].lstrip("/"))
 
 
 async def test_memfd_is_refused_by_the_kernel(backend):
@@ -160,13 +175,17 @@ async def test_memfd_is_refused_by_the_kernel(backend):
     assert result.error is None and result.stdout == f"{errno.EPERM}\n"
 
 
-@BWRAP_SKIP
-@pytest.mark.parametrize("path", ["/dev/shm/pinned", "/dev/pinned", "/pinned", "/skyrl/pinned"])
-async def test_no_tmpfs_but_the_bounded_tmp_is_writable(path):
-    async with await Sandbox.create(hostile_config("bwrap")) as box:
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("path", ["/dev/shm/pinned", "/dev/mqueue/pinned", "/dev/pinned", "/pinned", "/skyrl/pinned"])
+async def test_no_tmpfs_but_the_bounded_tmp_is_writable(backend, path):
+    async with await Sandbox.create(hostile_config(backend)) as box:
         result = await box.execute(DISABLE_POLICY + f"try:\n    open({path!r}, 'wb').write(b'x' * 2**20)\n"
                                    "except OSError as exc:\n    print(exc.strerror)")
-    assert result.error is None and result.stdout in ("Read-only file system\n", "Permission denied\n")
+    # Where nothing is mounted at all there is no file system to pin memory in either (docker: a private IPC
+    # namespace has no /dev/shm; bwrap's /dev has no /dev/mqueue).
+    absent = path == {"docker": "/dev/shm/pinned", "bwrap": "/dev/mqueue/pinned"}[backend]
+    expected = ("No such file or directory\n",) if absent else ("Read-only file system\n", "Permission denied\n")
+    assert result.error is None and result.stdout in expected
 
 
 def test_many_blocks_share_one_code_time_budget(backend):

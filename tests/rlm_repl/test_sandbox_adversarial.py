@@ -18,6 +18,7 @@ from hostile import (
     FIND_TOKEN,
     FRAME,
     IS_PIPE,
+    KERNEL_BACKENDS,
     TAMPER_POLICY,
     WRITE_ALL,
     hostile_config,
@@ -40,8 +41,8 @@ def host_secret(tmp_path) -> Path:
 
 
 def in_sandbox_tmp(box: Sandbox, path: str | Path) -> bool:
-    """With bwrap, /tmp inside the sandbox is a private tmpfs, so host paths there simply do not exist."""
-    return box.backend == "bwrap" and str(path).startswith("/tmp/")
+    """With bwrap and docker, /tmp inside the sandbox is a private tmpfs, so host paths there simply do not exist."""
+    return box.backend in ("bwrap", "docker") and str(path).startswith("/tmp/")
 
 
 # --- files outside the sandbox --------------------------------------------------------------------
@@ -88,19 +89,21 @@ async def test_listing_host_directories_is_refused(sandbox):
     assert "PermissionError" in walked.error
 
 
-@BWRAP_SKIP
-async def test_host_files_stay_invisible_even_after_disabling_the_audit_policy():
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+async def test_host_files_stay_invisible_even_after_disabling_the_audit_policy(backend):
     """The policy is only the first line: with it tampered off, the mount namespace still hides the host."""
-    async with await Sandbox.create(hostile_config("bwrap")) as box:
+    async with await Sandbox.create(hostile_config(backend)) as box:
         result = await box.execute(
             "import gc, os\n"
             "policy = next(o for o in gc.get_objects() if type(o).__name__ == 'SandboxPolicy')\n"
             "policy._check_path = lambda *args, **kwargs: None\n"
-            "print(sorted(os.listdir('/')))\n"
+            "print(sorted(os.listdir('/')), os.listdir('/home') if os.path.isdir('/home') else [])\n"
             f"open({str(REPO / 'pyproject.toml')!r}).read()")
         write = await box.execute(f"open({str(REPO / 'pwned_by_sandbox.txt')!r}, 'w').write('x')")
     assert "FileNotFoundError" in result.error
-    assert "work" not in result.stdout and "home" not in result.stdout and "skyrl" in result.stdout
+    assert "work" not in result.stdout and "skyrl" in result.stdout and result.stdout.endswith(" []\n")
+    if backend == "bwrap":  # docker: the image's own (empty) /home, as checked above
+        assert "home" not in result.stdout
     assert "FileNotFoundError" in write.error
     assert not (REPO / "pwned_by_sandbox.txt").exists()
 
@@ -171,11 +174,11 @@ async def test_dns_lookups_fail(sandbox):
     assert result.stdout == "" and "network access is disabled" in result.error
 
 
-@BWRAP_SKIP
-async def test_network_namespace_holds_even_with_the_audit_policy_rewritten(loopback_server):
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+async def test_network_namespace_holds_even_with_the_audit_policy_rewritten(backend, loopback_server):
     """Model code can rewrite the policy's code in its own process; the empty network namespace remains."""
     port, connections = loopback_server
-    async with await Sandbox.create(hostile_config("bwrap")) as box:
+    async with await Sandbox.create(hostile_config(backend)) as box:
         result = await box.execute(
             "import gc\n"
             "policy = next(o for o in gc.get_objects() if type(o).__name__ == 'SandboxPolicy')\n"
@@ -254,9 +257,11 @@ async def group_gone(pgid: int, within_s: float = 10.0) -> bool:
     return False
 
 
-async def test_allowing_subprocesses_without_bwrap_is_refused():
+async def test_allowing_subprocesses_without_bwrap_is_refused(backend):
+    if backend == "bwrap":
+        pytest.skip("bwrap is the backend that allows them")
     with pytest.raises(SandboxError, match="allow_subprocesses needs the bwrap backend"):
-        await Sandbox.create(hostile_config("subprocess", allow_subprocesses=True))
+        await Sandbox.create(hostile_config(backend, allow_subprocesses=True))
 
 
 @BWRAP_SKIP
@@ -509,9 +514,9 @@ async def test_writing_a_huge_file_hits_the_file_size_limit(backend):
     assert "File too large" in result.error
 
 
-@BWRAP_SKIP
-async def test_filling_the_private_tmp_hits_its_size_limit():
-    async with await Sandbox.create(hostile_config("bwrap", tmp_size_mb=4, max_file_size_mb=16)) as box:
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+async def test_filling_the_private_tmp_hits_its_size_limit(backend):
+    async with await Sandbox.create(hostile_config(backend, tmp_size_mb=4, max_file_size_mb=16)) as box:
         result = await box.execute(
             "for i in range(10):\n    with open(f'/tmp/f{i}', 'wb') as f:\n        f.write(b'0' * 1024 ** 2)")
     assert "No space left on device" in result.error
