@@ -40,7 +40,12 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> dict[str
         payload = await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:
         raise WorkerGone("the worker closed its channel") from exc
-    if size >= _CHECK_FROM_BYTES:
+    return decode(payload)
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    """The message in a frame's payload (for callers that read frames themselves, e.g. synchronously)."""
+    if len(payload) >= _CHECK_FROM_BYTES:
         check_structure(payload)
     try:
         message = json.loads(payload)

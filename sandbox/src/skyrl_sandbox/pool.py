@@ -77,6 +77,12 @@ class WorkerPool:
             worker = await asyncio.wrap_future(SPAWNER.submit(self.start_worker))
         return worker
 
+    def acquire_blocking(self) -> Any:
+        """:meth:`acquire` for callers without an event loop: blocks the calling thread while a worker starts."""
+        with self._lock:
+            worker = self._idle.popleft() if self._idle else None
+        return worker if worker is not None else SPAWNER.submit(self.start_worker).result()
+
     def start_worker(self) -> Any:
         """Start one worker (blocking): a :class:`WorkerProcess`, or a container worker with Docker."""
         if self.backend == "docker":
