@@ -10,7 +10,7 @@ from skyrl_sandbox.testing import require_backend
 TIGHT = Limits(cpu_time_s=20, memory_mb=512, max_processes=32, max_file_size_mb=16, tmp_size_mb=32)
 
 
-@pytest.fixture(params=["bwrap", "subprocess"])
+@pytest.fixture(params=["bwrap", "docker", "subprocess"])
 def backend(request) -> str:
     require_backend(request.param)
     return request.param

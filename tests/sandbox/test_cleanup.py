@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from skyrl_sandbox.testing import require_backend
 
 HOLDER = """
@@ -29,9 +28,10 @@ async def main():
 asyncio.run(main())
 """
 NEXT_START = """
-import asyncio
+import asyncio, sys
 from skyrl_sandbox.box import run
-print(asyncio.run(run(["echo", "next"], backend="bwrap")).stdout.decode().strip())
+for backend in sys.argv[1:]:
+    print(asyncio.run(run(["echo", "next"], backend=backend)).stdout.decode().strip())
 """
 
 
@@ -43,8 +43,14 @@ def gone(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
 
 
-@pytest.mark.parametrize("backends", [["bwrap", "subprocess"]])
-def test_a_sigkilled_owner_leaves_nothing_behind_after_the_next_start(backends):
+def containers_of(owner: int) -> list[str]:
+    from skyrl_sandbox.docker_engine import OWNER_LABEL, client
+
+    return [c.id for c in client().containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})]
+
+
+def test_a_sigkilled_owner_leaves_nothing_behind_after_the_next_start():
+    backends = ["bwrap", "docker", "subprocess"]
     for backend in backends:
         require_backend(backend)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, *backends], stdout=subprocess.PIPE, text=True)
@@ -59,7 +65,9 @@ def test_a_sigkilled_owner_leaves_nothing_behind_after_the_next_start(backends):
         time.sleep(0.05)
     assert all(gone(box["pid"]) for box in live), "sandbox processes outlived their owner"
     assert all(Path(box["dir"]).exists() for box in live)  # the owner had no chance to clean up
-    done = subprocess.run([sys.executable, "-c", NEXT_START], capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip() == "next", done.stderr
+    assert len(containers_of(holder.pid)) == 8  # stopped with their owner's channel, not yet removed
+    done = subprocess.run([sys.executable, "-c", NEXT_START, *backends], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["next"] * len(backends), done.stderr
+    assert containers_of(holder.pid) == []
     assert not any(Path(box["dir"]).exists() for box in live)
     assert not any(Path(group).exists() for box in live for group in box["groups"])

@@ -1,9 +1,9 @@
 """A sandbox with a work directory: one-shot commands, and files copied in and out.
 
-With ``bwrap`` and ``subprocess`` a :class:`Box` is a command agent (``skyrl_sandbox_runtime.agent``)
-in a worker process whose private, size-limited /tmp is the work directory; each :meth:`Box.run`
-starts the command there. With ``docker`` it is a container whose commands run through
-``docker exec`` (see :mod:`skyrl_sandbox.docker_engine`). Everything a box returns is capped.
+A :class:`Box` is a command agent (``skyrl_sandbox_runtime.agent``) in a worker whose private,
+size-limited /tmp is the work directory: a bwrap or subprocess worker, or the main process of a
+container (whose image needs python3, as the base image has). Each :meth:`Box.run` starts the
+command there; everything a box returns is capped.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import framing
-from .backends import resolve_backend
+from .backends import BACKENDS
 from .dirs import process_dir
 from .errors import ProtocolViolation, SandboxError, WorkerGone
 from .launch import RUNTIME_NAME, WorkerProgram
@@ -65,11 +65,7 @@ class Box:
         """Start a box on ``backend`` (see :func:`skyrl_sandbox.resolve_backend`); ``env`` is added to
         every command's environment (never the parent's)."""
         limits = limits or Limits()
-        if await asyncio.to_thread(resolve_backend, backend) == "docker":
-            from .docker_engine import ContainerBox
-
-            return await ContainerBox.create(limits, image, env or {})
-        pool = await asyncio.to_thread(WorkerPool.shared, AGENT_PROGRAM, limits, backend, pool_size)
+        pool = await asyncio.to_thread(WorkerPool.shared, AGENT_PROGRAM, limits, backend, pool_size, BACKENDS, image)
         worker = await pool.acquire()
         try:
             await asyncio.wait_for(cls._initialise(worker, pool.backend, limits, env or {}), _START_TIMEOUT_S)

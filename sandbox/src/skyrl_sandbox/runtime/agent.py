@@ -151,6 +151,11 @@ def _run(request: dict, work_dir: str, env: dict) -> dict:
             if not pending:
                 writer.close()
                 writer = None
+    if not timed_out:  # its output is closed: let it finish exiting before what it left is killed
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            timed_out = True
     _kill_group(process.pid)
     status = process.wait()
     _kill_and_reap_descendants()
