@@ -79,8 +79,19 @@ async def rate(backend: str, limits: Limits, concurrency: int, per_box: int) -> 
         await asyncio.gather(*(box.close() for box in boxes))
 
 
+async def docker_exec_times(box: Box, runs: int) -> list[float]:
+    """``docker exec true`` in the box's container: what a backend without an attached worker would pay."""
+    api, container = box._worker.api, box._worker.container_id
+
+    def once() -> None:
+        exec_id = api.exec_create(container, ["true"], user=str(box._worker.uid))["Id"]
+        api.exec_start(exec_id)
+
+    return await timed(runs, lambda: asyncio.to_thread(once))
+
+
 def row(metric: str, value: float, base: float, unit: str) -> str:
-    return f"| {metric:<36} | {value:>12.3f} {unit:<6} | {base:>12.3f} {unit:<6} | {value / base:>9.1f}x |"
+    return f"| {metric:<42} | {value:>12.3f} {unit:<6} | {base:>12.3f} {unit:<6} | {value / base:>9.1f}x |"
 
 
 async def bench_backend(backend: str, scale: int) -> list[str]:
@@ -93,19 +104,23 @@ async def bench_backend(backend: str, scale: int) -> list[str]:
         one_shot = await timed(100 // scale, lambda: box.run(["true"]))
         await box.ping()
         round_trip = await timed(1000 // scale, box.ping)
+        docker_exec = await docker_exec_times(box, 40 // scale) if backend == "docker" else None
     base_trip = baseline_round_trip(1000)
     rows = [row(f"{backend}: cold start (p50)", statistics.median(cold) * MS, statistics.median(spawn) * MS, "ms"),
             row(f"{backend}: warm start from pool (p50)", statistics.median(warm) * MS, statistics.median(spawn) * MS,
                 "ms"),
             row(f"{backend}: one-shot run 'true' (p50)", statistics.median(one_shot) * MS,
                 statistics.median(spawn) * MS, "ms")]
+    if docker_exec:
+        rows.append(row("docker: one-shot `docker exec true` (p50)", statistics.median(docker_exec) * MS,
+                        statistics.median(spawn) * MS, "ms"))
     for q in (50, 99):
         rows.append(row(f"{backend}: worker round trip (p{q})", percentile(round_trip, q) * MS,
                         percentile(base_trip, q) * MS, "ms"))
     base_rate = 1 / statistics.mean(base_trip)
     for n in (1, 8, 32):
         per_second = await rate(backend, limits, n, 400 // scale)
-        rows.append(f"| {f'{backend}: {n} concurrent boxes':<36} | {per_second:>12.0f} trip/s | "
+        rows.append(f"| {f'{backend}: {n} concurrent boxes':<42} | {per_second:>12.0f} trip/s | "
                     f"{base_rate:>12.0f} trip/s | {base_rate / per_second:>6.1f}x slower |")
     return rows
 
@@ -122,8 +137,8 @@ async def main(backends: list[str], quick: bool) -> None:
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"\nskyrl-sandbox benchmark (baselines: unsandboxed subprocess.run(['true']) for starts and one-shot runs, "
           f"in-process framing for round trips; {os.cpu_count()} CPUs, load average {load})\n")
-    print(f"| {'metric':<36} | {'sandbox':>19} | {'baseline':>19} | {'ratio':>10} |")
-    print(f"|{'-' * 38}|{'-' * 21}|{'-' * 21}|{'-' * 12}|")
+    print(f"| {'metric':<42} | {'sandbox':>19} | {'baseline':>19} | {'ratio':>10} |")
+    print(f"|{'-' * 44}|{'-' * 21}|{'-' * 21}|{'-' * 12}|")
     print("\n".join(rows))
     for line in skipped:
         print(f"\nnot measured: {line}")
