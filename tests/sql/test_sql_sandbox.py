@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from skyrl_sql.result import QueryRequest
-from skyrl_sql.sandbox import QueryRunner, SandboxSettings
+from skyrl_sql.sandbox import QueryRunner, SandboxError, SandboxSettings
 from sql_helpers import BACKENDS, ENGINES, HAS_DUCKDB, descendants, folder_digest, query, started_env
 
 FOREVER = {
@@ -232,3 +232,40 @@ def test_a_wal_mode_database_is_read_without_creating_files_beside_it(tmp_path, 
     finally:
         runner.close()
     assert folder_digest(db.parent) == before == {"wal.sqlite": before["wal.sqlite"]}
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_frozen_worker_cannot_block_the_trainer_on_a_full_pipe(backend):
+    db = str(started_env("sqlite").database())
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
+    try:
+        runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000))
+        (pid,) = runner.worker_pids()
+        os.kill(descendants(pid)[-1], signal.SIGSTOP)
+        huge = "SELECT 1 -- " + "x" * 2_000_000  # far more than a pipe holds: the write itself would block
+        started = time.monotonic()
+        result = runner.run(QueryRequest("sqlite", db, huge, 0.3, 10, 1000))
+        assert result.status == "timeout" and time.monotonic() - started < 5.0
+        assert runner.run(QueryRequest("sqlite", db, "SELECT 4", 5.0, 10, 1000)).rows == [(4,)]
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_database_that_cannot_be_opened_is_an_infrastructure_error_and_the_worker_stays(tmp_path, backend):
+    good = str(tmp_path / "good.sqlite")
+    sqlite3.connect(good).close()
+    bad = tmp_path / "bad.sqlite"  # in the same folder, so the worker sees both
+    bad.write_bytes(b"this is not a database" * 100)
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
+    try:
+        runner.run(QueryRequest("sqlite", good, "SELECT 1", 5.0, 10, 1000))
+        (pid,) = runner.worker_pids()
+        with pytest.raises(SandboxError, match=f"cannot open sqlite database {bad}: DatabaseError: file is not a"):
+            runner.run(QueryRequest("sqlite", str(bad), "SELECT 1", 5.0, 10, 1000))
+        with pytest.raises(SandboxError, match="the file does not exist"):
+            runner.run(QueryRequest("sqlite", str(tmp_path / "absent.sqlite"), "SELECT 1", 5.0, 10, 1000))
+        assert runner.run(QueryRequest("sqlite", good, "SELECT 5", 5.0, 10, 1000)).rows == [(5,)]
+        assert pid in runner.worker_pids()
+    finally:
+        runner.close()

@@ -8,18 +8,27 @@ killed and replaced; the caller gets a ``timeout``/``crashed`` result, never a h
 Workers see only what they need, read-only: the Python standard library, their own stdlib-only
 package, the DuckDB distribution (for the DuckDB engine) and the database folders of the envs that
 use them. A folder is added when a query first needs it; workers started before then are retired.
+
+The thread that runs a query drives its worker itself: frames are written and read with deadlines
+(``poll``) rather than through an event loop, so a query costs one round trip between two
+processes (tens of microseconds), not a thread hop on top.
 """
 
 from __future__ import annotations
 
-import asyncio
+import fcntl
 import functools
 import importlib.metadata
 import logging
 import math
 import os
 import platform
+import select
+import struct
+import subprocess
+import termios
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
@@ -50,6 +59,7 @@ SPARE_WORKERS = 1  # kept started, so a killed worker is replaced without waitin
 MAX_THREADS = 16  # main thread and watchdog; DuckDB runs with threads=1 and no asynchronous I/O threads
 TMP_SIZE_MB = 1  # the worker writes no file; /tmp only has to exist
 _STATUSES = ("ok", "error", "refused", "timeout", "crashed")
+_REAL_PATHS_CACHED = 4096
 _MAX_MESSAGE_CHARS = 10_000
 _warned: list[bool] = []  # log a missing protection once per process, not once per worker
 _NO_SECCOMP = (f"no seccomp filter for this architecture ({platform.machine()}): process creation, signals and "
@@ -112,27 +122,86 @@ def distribution_paths(name: str) -> tuple[str, tuple[str, ...]]:
 
 
 class _Worker:
-    """One started worker process, the program generation it was started with, and its time spent on queries."""
+    """One started worker process, driven synchronously over its pipes by one thread at a time.
+
+    Frames are read and written here with deadlines (``poll``), not through an event loop: a query
+    is a blocking call of an env step, and a thread hop per query would cost more than the query.
+    """
 
     def __init__(self, process: Any, generation: int) -> None:
         self.process = process
         self.generation = generation
         self.busy_s = 0.0
         self.last_id = 0
+        self._read_fd = process.popen.stdout.fileno()
+        self._write_fd = process.popen.stdin.fileno()
+        os.set_blocking(self._write_fd, False)  # a worker that stops reading cannot block the trainer
+        self._readable = select.poll()
+        self._readable.register(self._read_fd, select.POLLIN)
+        self._writable = select.poll()
+        self._writable.register(self._write_fd, select.POLLOUT)
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    async def stop(self) -> None:
-        await self.process.wait()
+    def alive(self) -> bool:
+        return self.process.popen.poll() is None
+
+    def send(self, message: dict[str, Any], deadline: float) -> None:
+        data = memoryview(protocol.encode(message))
+        while data:
+            try:
+                data = data[os.write(self._write_fd, data):]
+            except BlockingIOError:
+                _wait(self._writable, deadline)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise WorkerGone("the worker closed its channel") from exc
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        (size,) = protocol.HEADER.unpack(self._read(protocol.HEADER.size, deadline))
+        if size > self.process.max_message_bytes:
+            raise ProtocolViolation(f"a message of {size:,} bytes exceeds the limit of "
+                                    f"{self.process.max_message_bytes:,} bytes")
+        return protocol.decode(self._read(size, deadline))
+
+    def has_unread_data(self) -> bool:
+        """Whether the worker wrote anything nobody asked for (frames are read exactly, so any byte is that)."""
+        return struct.unpack("i", fcntl.ioctl(self._read_fd, termios.FIONREAD, b"\0" * 4))[0] > 0
+
+    def _read(self, size: int, deadline: float) -> bytearray:
+        """Exactly ``size`` bytes (already checked against the cap), read straight into one buffer."""
+        buffer = bytearray(size)
+        view, filled = memoryview(buffer), 0
+        while filled < size:
+            _wait(self._readable, deadline)
+            count = os.readv(self._read_fd, [view[filled:]])
+            if count == 0:
+                raise WorkerGone("the worker closed its channel")
+            filled += count
+        return buffer  # bytes-like: json.loads and the structure check take it as it is
+
+    def stop(self) -> None:
+        """Kill, reap and remove the worker's files."""
+        self.process.discard()
+
+    def stop_after_death(self) -> str:
+        """Reap a worker whose channel closed (giving it a moment to finish dying) and say why it ended."""
+        try:
+            status = self.process.popen.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            status = None
+        reason = self.process.describe_exit(status)  # before discard() removes the cgroup that may tell
+        self.process.discard()
+        return reason
 
 
 class QueryRunner:
     """Runs queries on at most ``settings.workers`` sandbox workers, started on demand and kept between queries.
 
-    Thread-safe: :meth:`run` blocks the calling thread; the workers are driven from one event loop
-    thread per process.
+    Thread-safe: each :meth:`run` takes an idle worker (or starts one) and drives it from the
+    calling thread.
     """
 
     def __init__(self, settings: SandboxSettings) -> None:
@@ -146,11 +215,12 @@ class QueryRunner:
         self._lock = threading.Lock()
         self._roots: tuple[str, ...] = ()
         self._covered: dict[str, bool] = {}  # folder -> inside a mounted root (a cache)
+        self._real_paths: dict[str, str] = {}  # database path -> its real path (a cache)
         self._pool: WorkerPool | None = None
         self._generation = 0
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
-        self._slots = asyncio.Semaphore(settings.workers)
+        self._slots = threading.BoundedSemaphore(settings.workers)
         self._closed = False
 
     @property
@@ -176,7 +246,8 @@ class QueryRunner:
 
     def worker_pids(self) -> list[int]:
         """Host pids of the started workers (with bwrap: the bwrap process holding each)."""
-        return [worker.pid for worker in [*self._idle, *self._busy]]
+        with self._lock:
+            return [worker.pid for worker in [*self._idle, *self._busy]]
 
     def run(self, request: QueryRequest) -> QueryResult:
         """Run one query in a worker; problems caused by the query come back in the result.
@@ -188,65 +259,72 @@ class QueryRunner:
             raise SandboxError("run() on a closed query runner")
         if request.engine != self.settings.engine:
             raise SandboxError(f"a {request.engine} query sent to the runner of {self.settings.engine} workers")
-        db_path = os.path.realpath(request.db_path)
-        if not os.path.isfile(db_path):
-            raise SandboxError(f"cannot open {request.engine} database {request.db_path}: the file does not exist")
+        db_path = self._real_paths.get(request.db_path)
+        if db_path is None:
+            db_path = os.path.realpath(request.db_path)
+            if not os.path.isfile(db_path):
+                raise SandboxError(f"cannot open {request.engine} database {request.db_path}: the file does not "
+                                   "exist")
+            if len(self._real_paths) >= _REAL_PATHS_CACHED:
+                self._real_paths.clear()
+            self._real_paths[request.db_path] = db_path
         folder = os.path.dirname(db_path)
         if not self._covered.get(folder):
             self.add_root(folder)
-        return asyncio.run_coroutine_threadsafe(self._run(request, db_path), _loop()).result()
-
-    def close(self) -> None:
-        """Kill the idle workers and stop starting new ones; busy workers are killed when their query ends."""
-        if self._closed:
-            return
-        self._closed = True
-        asyncio.run_coroutine_threadsafe(self._close(), _loop()).result()
-
-    # --- on the event loop ----------------------------------------------------------------------
-
-    async def _close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
-        idle, self._idle = self._idle, []
-        for worker in idle:
-            await worker.stop()
-
-    async def _run(self, request: QueryRequest, db_path: str) -> QueryResult:
-        async with self._slots:
-            worker = await self._take(request.timeout_s + GRACE_S)
-            self._busy.add(worker)
+        with self._slots:
+            worker = self._take(request.timeout_s + GRACE_S)
             keep = False
             try:
-                result, keep = await self._query(worker, request, db_path)
+                result, keep = self._query(worker, request, db_path)
             finally:
-                self._busy.discard(worker)
-                if keep and not self._closed:
-                    self._idle.append(worker)
-                else:
-                    await worker.stop()
+                with self._lock:
+                    self._busy.discard(worker)
+                    if keep and not self._closed:
+                        self._idle.append(worker)
+                        worker = None
+                if worker is not None:
+                    worker.stop()
         if isinstance(result, SandboxError):
             raise result
         return result
 
-    async def _take(self, needed_s: float) -> _Worker:
+    def close(self) -> None:
+        """Kill the idle workers and stop starting new ones; busy workers are killed when their query ends."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            idle, self._idle = self._idle, []
+        if pool is not None:
+            pool.close()
+        for worker in idle:
+            worker.stop()
+
+    def _take(self, needed_s: float) -> _Worker:
         """A started worker of the current program with CPU time left for ``needed_s``, else a new one."""
-        while self._idle:
-            worker = self._idle.pop()  # LIFO: a warm worker is reused before another is started
-            if worker.generation != self._generation or worker.process.popen.poll() is not None:
-                await worker.stop()
+        while True:
+            with self._lock:
+                worker = self._idle.pop() if self._idle else None  # LIFO: warm workers first
+                if worker is not None:
+                    self._busy.add(worker)
+            if worker is None:
+                break
+            if worker.generation != self._generation or not worker.alive():
+                pass
             elif worker.busy_s + needed_s > self._limits.cpu_time_s / 2:
-                await worker.stop()  # replaced long before RLIMIT_CPU could stop one of its queries
-            elif await worker.process.has_unread_data():
+                pass  # replaced long before RLIMIT_CPU could stop one of its queries
+            elif worker.has_unread_data():
                 log.warning("an idle SQL sandbox worker (%s) sent unrequested data and was replaced", self.backend)
-                await worker.stop()
             else:
                 return worker
-        return await self._start()
+            with self._lock:
+                self._busy.discard(worker)
+            worker.stop()
+        worker = self._start()
+        with self._lock:
+            self._busy.add(worker)
+        return worker
 
-    async def _start(self) -> _Worker:
+    def _start(self) -> _Worker:
         """Start a worker and lock it down; one retry covers a pre-started worker that died meanwhile."""
         problem = ""
         for _ in range(2):
@@ -255,63 +333,61 @@ class QueryRunner:
             if pool is None:
                 raise SandboxError("the query runner is closed")
             try:
-                process = await pool.acquire()
+                process = pool.acquire_blocking()
             except OSError as exc:
                 raise SandboxError(f"could not start an SQL sandbox worker ({self.backend}): {exc}") from exc
+            worker = _Worker(process, generation)
             try:
-                await asyncio.wait_for(self._initialise(process), START_TIMEOUT_S)
-                return _Worker(process, generation)
-            except asyncio.TimeoutError:
-                await process.wait()
+                self._initialise(worker, time.monotonic() + START_TIMEOUT_S)
+                return worker
+            except TimeoutError:
+                worker.stop()
                 problem = f"did not start within {START_TIMEOUT_S:g} s; its stderr: {process.stderr_tail() or '(empty)'}"
             except (WorkerGone, ProtocolViolation, OSError) as exc:
-                status = await process.wait(grace_s=1.0, keep_files=True)
-                problem = (f"{process.describe_exit(status)} while starting ({exc}); "
+                problem = (f"{worker.stop_after_death()} while starting ({exc}); "
                            f"its stderr: {process.stderr_tail() or '(empty)'}")
-                process.discard()
             except BaseException:
-                await process.wait()
+                worker.stop()
                 raise
             finally:
                 pool.refill()
         raise SandboxError(f"the SQL sandbox worker ({self.backend}) {problem}")
 
-    async def _initialise(self, process: Any) -> None:
-        own_pid = await process.attach()
-        seccomp = build_filter(allow_subprocesses=False, own_pid=own_pid)
-        process.send({"op": "init", "engine": self.settings.engine, "memory_mb": self.settings.memory_mb,
-                      "limits": self._limits.rlimits(), "seccomp_filter": None if seccomp is None else seccomp.hex()})
-        reply = await process.receive()
+    def _initialise(self, worker: _Worker, deadline: float) -> None:
+        ready = worker.receive(deadline)
+        protocol.expect(ready, "ready")
+        seccomp = build_filter(allow_subprocesses=False, own_pid=protocol.int_field(ready, "pid"))
+        worker.send({"op": "init", "engine": self.settings.engine, "memory_mb": self.settings.memory_mb,
+                     "limits": self._limits.rlimits(), "seccomp_filter": None if seccomp is None else seccomp.hex()},
+                    deadline)
+        reply = worker.receive(deadline)
         protocol.expect(reply, "init_done")
         if reply.get("error") is not None:
             raise SandboxError(f"the SQL sandbox worker ({self.backend}) failed to start: "
                                f"{protocol.text_field(reply, 'error', _MAX_MESSAGE_CHARS)}")
         gaps = [str(item)[:500] for item in reply.get("warnings") or []]
-        gaps += [gap for missing, gap in ((seccomp is None, _NO_SECCOMP), (process.cgroup is None, _NO_CGROUP))
+        gaps += [gap for missing, gap in ((seccomp is None, _NO_SECCOMP), (worker.process.cgroup is None, _NO_CGROUP))
                  if missing]
         if gaps and not _warned:
             _warned.append(True)
             log.warning("SQL sandbox (%s) runs without some protection: %s", self.backend, "; ".join(gaps))
 
-    async def _query(self, worker: _Worker, request: QueryRequest,
-                     db_path: str) -> tuple[QueryResult | SandboxError, bool]:
+    def _query(self, worker: _Worker, request: QueryRequest,
+               db_path: str) -> tuple[QueryResult | SandboxError, bool]:
         """The query's result (or the infrastructure error the worker reported), and whether the worker
         may serve another query."""
-        process = worker.process
         worker.last_id += 1
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = time.monotonic()
+        deadline = started + request.timeout_s + GRACE_S
         try:
-            process.send({"op": "query", "id": worker.last_id, "request": {**request.to_json(), "db_path": db_path}})
-            message = await asyncio.wait_for(process.receive(), request.timeout_s + GRACE_S)
-            return _read_result(message, worker.last_id, request), True
-        except asyncio.TimeoutError:
+            worker.send({"op": "query", "id": worker.last_id, "request": {**request.to_json(), "db_path": db_path}},
+                        deadline)
+            return _read_result(worker.receive(deadline), worker.last_id, request), True
+        except TimeoutError:
             return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s and was "
                                                   "stopped."), False
         except WorkerGone:
-            status = await process.wait(grace_s=1.0, keep_files=True)
-            reason = process.describe_exit(status)
-            process.discard()
+            reason = worker.stop_after_death()
             if "memory limit" in reason:
                 return QueryResult("crashed", message="the query needed more memory than the limit and was "
                                                       "stopped."), False
@@ -321,7 +397,17 @@ class QueryRunner:
             log.warning("an SQL sandbox worker (%s) broke the protocol and was replaced: %s", self.backend, exc)
             return QueryResult("crashed", message="the database process sent an invalid reply and was stopped."), False
         finally:
-            worker.busy_s += loop.time() - started
+            worker.busy_s += time.monotonic() - started
+
+
+def _wait(poller: select.poll, deadline: float) -> None:
+    """Wait until ``poller``'s descriptor is ready; TimeoutError at ``deadline``."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        if poller.poll(math.ceil(remaining * 1000)):
+            return
 
 
 def _read_result(message: dict[str, Any], request_id: int, request: QueryRequest) -> QueryResult | SandboxError:
@@ -347,20 +433,6 @@ def _read_result(message: dict[str, Any], request_id: int, request: QueryRequest
 
 def _inside(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
-
-
-_LOOPS: dict[int, asyncio.AbstractEventLoop] = {}
-_LOOPS_LOCK = threading.Lock()
-
-
-def _loop() -> asyncio.AbstractEventLoop:
-    """This process's event loop thread that drives every worker (a forked child starts its own)."""
-    with _LOOPS_LOCK:
-        loop = _LOOPS.get(os.getpid())
-        if loop is None:
-            loop = _LOOPS[os.getpid()] = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="skyrl-sql-sandbox", daemon=True).start()
-        return loop
 
 
 _RUNNERS: dict[tuple[int, SandboxSettings], QueryRunner] = {}
