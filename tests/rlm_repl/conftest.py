@@ -7,19 +7,11 @@ from typing import Any
 
 import pytest
 from hostile import BACKENDS, hostile_config
-from skyrl_core.testing.scripted_engine import ScriptedEngine
+from rlm_helpers import CONTEXT_TASK
 from skyrl_core.testing.tokenizers import make_tokenizer
 from skyrl_rlm_repl.env import RLMReplEnv
 from skyrl_rlm_repl.evidence.dataset import load_tasks
 from skyrl_rlm_repl.sandbox import Sandbox
-
-CONTEXT_TASK = {"id": "capital", "prompt": "What is the capital of France?",
-                "context": "Notes: the capital of France is Paris.", "answer": "Paris"}
-
-
-def repl(*lines: str) -> str:
-    """A response holding one ```repl block with these lines."""
-    return "```repl\n" + "\n".join(lines) + "\n```"
 
 
 @pytest.fixture(scope="session")
@@ -46,21 +38,6 @@ def make_env() -> Callable[..., RLMReplEnv]:
     yield make
     for env in envs:
         env.close()
-
-
-def scripted_policy(tokenizer: Any, choose: Callable[[str, str, int], str]) -> ScriptedEngine:
-    """An engine whose reply is ``choose(user_prompt, last_user_message, turn)`` for each episode.
-
-    ``user_prompt`` is the episode's first user message (the task or sub-prompt), ``turn`` counts
-    the assistant turns already in the conversation.
-    """
-
-    def reply(ids: list[int]) -> str:
-        text = tokenizer.decode(ids)
-        users = [part.split("<|im_end|>", 1)[0] for part in text.split("<|im_start|>user\n")[1:]]
-        return choose(users[0], users[-1], text.count("<|im_start|>assistant\n") - 1)
-
-    return ScriptedEngine(tokenizer, default=reply)
 
 
 @pytest.fixture(params=BACKENDS)

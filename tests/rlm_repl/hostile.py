@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
-from skyrl_sandbox.backends import bwrap_problem
 from skyrl_sandbox.images import base_image_unavailable
+from skyrl_sandbox.testing import skip_unless_usable
 
-BWRAP_SKIP = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
-# No engine (or no way to build the base image): skipped with the reason, unless SKYRL_REQUIRE_DOCKER=1 (CI),
-# where the tests run and fail on it.
-_DOCKER_PROBLEM = None if os.environ.get("SKYRL_REQUIRE_DOCKER") == "1" else base_image_unavailable()
-DOCKER_SKIP = pytest.mark.skipif(_DOCKER_PROBLEM is not None, reason=f"docker backend: {_DOCKER_PROBLEM}")
+# Skipped with the reason where a backend cannot run, unless SKYRL_REQUIRE_<BACKEND>=1 (CI), where the tests
+# run and fail on it. Docker also needs the base image (or a way to build it).
+BWRAP_SKIP = skip_unless_usable("bwrap")
+DOCKER_SKIP = skip_unless_usable("docker", problem=base_image_unavailable())
 BACKENDS = [pytest.param("bwrap", marks=BWRAP_SKIP), pytest.param("docker", marks=DOCKER_SKIP), "subprocess"]
 # The backends whose boundary holds in the kernel even when model code switches the audit policy off.
 KERNEL_BACKENDS = [pytest.param("bwrap", marks=BWRAP_SKIP), pytest.param("docker", marks=DOCKER_SKIP)]

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import CONTEXT_TASK, repl, scripted_policy
 from hostile import (
     DISABLE_POLICY,
     FIND_CHANNEL,
@@ -24,6 +23,7 @@ from hostile import (
     hostile_config,
     still_healthy,
 )
+from rlm_helpers import CONTEXT_TASK, repl, scripted_policy
 from skyrl_rlm_repl.env import RLMReplEnv
 from skyrl_rlm_repl.rewards import MAX_SCORED_SNIPPETS, score_answer
 from skyrl_rlm_repl.sandbox import Sandbox

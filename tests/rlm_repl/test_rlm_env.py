@@ -6,7 +6,7 @@ import asyncio
 import pickle
 
 import pytest
-from conftest import CONTEXT_TASK, repl
+from rlm_helpers import CONTEXT_TASK, repl
 from skyrl_core.testing import check_env
 from skyrl_rlm_repl.env import RLMReplEnv
 
@@ -210,10 +210,9 @@ def test_check_env_passes_on_context_and_answer_tasks():
 @pytest.mark.parametrize("backend", ["bwrap", "subprocess"])
 def test_episode_runs_on_the_configured_backend(make_env, backend):
     if backend == "bwrap":
-        from skyrl_sandbox import backend_problem
+        from skyrl_sandbox.testing import require_backend
 
-        if backend_problem("bwrap"):
-            pytest.skip(f"bubblewrap is not usable on this machine: {backend_problem('bwrap')}")
+        require_backend("bwrap")
     env = make_env(sandbox={"backend": backend})
     env.step(repl("import json", "data = json.dumps({'city': context.split()[-1]})"))
     result = env.step(repl("FINAL(json.loads(data)['city'].rstrip('.'))"))

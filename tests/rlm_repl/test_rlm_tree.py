@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import CONTEXT_TASK, repl, scripted_policy
+from rlm_helpers import CONTEXT_TASK, repl, scripted_policy
 from skyrl_core.factory import ConfigError
 from skyrl_rlm_repl.tree import RLMTreeConfig, RLMTreeGenerator, child_answer
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxError
-from skyrl_sandbox.backends import bwrap_problem
 from skyrl_sandbox.dirs import sweep_stale_dirs
+from skyrl_sandbox.testing import skip_unless_usable
 
 BACKENDS = [
-    pytest.param("bwrap", marks=pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")),
+    pytest.param("bwrap", marks=skip_unless_usable("bwrap")),
     "subprocess",
 ]
 

@@ -18,3 +18,14 @@ def require_backend(backend: str) -> None:
     if os.environ.get(f"SKYRL_REQUIRE_{backend.upper()}") == "1":
         pytest.fail(f"SKYRL_REQUIRE_{backend.upper()}=1 but the {backend} backend cannot run here: {problem}")
     pytest.skip(f"the {backend} backend cannot run here: {problem}")
+
+
+def skip_unless_usable(backend: str, problem: str | None = None):
+    """A ``skipif`` mark for tests (or parameters) that need ``backend``; under ``SKYRL_REQUIRE_<BACKEND>=1``
+    it never skips, so the tests run and fail on what is missing. ``problem`` overrides the probe."""
+    import pytest
+
+    if os.environ.get(f"SKYRL_REQUIRE_{backend.upper()}") == "1":
+        return pytest.mark.skipif(False, reason="")
+    problem = backend_problem(backend) if problem is None else problem
+    return pytest.mark.skipif(problem is not None, reason=f"the {backend} backend cannot run here: {problem}")
