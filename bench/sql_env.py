@@ -116,7 +116,7 @@ def main() -> None:
             rows = [("bare connection", bare(engine, db), 1),
                     ("guarded, in-process", guarded(engine, db), 1),
                     ("env.step, 1 thread", env_steps(engine, cache, 1), 1),
-                    ("env.step, 1 thread, sandbox=process", env_steps(engine, cache, 1, "process"), 1),
+                    ("env.step, 1 thread, sandbox=subprocess", env_steps(engine, cache, 1, "subprocess"), 1),
                     ("env.step, 4 threads", env_steps(engine, cache, 4), 4),
                     ("gold scoring (reset + solution)", scoring(engine, cache), 1)]
             baseline = None

@@ -30,10 +30,10 @@ BACKENDS = ("bwrap", "docker", "subprocess")
 REQUIRE_ENV = "SKYRL_SANDBOX"
 STRONG = ("bwrap", "docker")  # what auto may pick: backends whose boundary holds without the policy
 SUBPROCESS_WARNING = (
-    "sandbox backend 'subprocess' is weaker: sandboxed code runs as a plain child process guarded by rlimits, "
-    "seccomp and an in-process audit policy that determined code can defeat, after which it can read and "
-    "write the host's files and reach the network as the user running the trainer. Use it only for trusted "
-    "code or where neither bubblewrap nor Docker can run.")
+    "sandbox backend 'subprocess' is weaker: sandboxed code runs as a plain child process with no namespaces, "
+    "guarded by rlimits, seccomp and (in Python workers) an in-process audit policy that determined code can "
+    "defeat, after which it can read the host's files and reach the network as the user it runs as. Use it only "
+    "for trusted code or where neither bubblewrap nor Docker can run.")
 _INSTALL_HINT = {
     "bwrap": "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; in containers it also needs user "
              "namespaces)",
