@@ -1,4 +1,4 @@
-"""skyrl-rlm-repl installs with only skyrl-core into a fresh venv (no DL stack) and passes `skyrl check`."""
+"""skyrl-rlm-repl installs with only skyrl-core and skyrl-sandbox into a fresh venv (no DL stack), passes `skyrl check`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_plugin_installs_alone_with_core_lists_its_components_and_passes_check(fresh_venv):
-    fresh_venv.install(REPO / "core", REPO / "plugins" / "rlm_repl")
+    fresh_venv.install(REPO / "core", REPO / "sandbox", REPO / "plugins" / "rlm_repl")
     packages = fresh_venv.packages()
-    assert {"skyrl-core", "skyrl-rlm-repl"} <= packages
+    assert {"skyrl-core", "skyrl-sandbox", "skyrl-rlm-repl"} <= packages
     assert not packages & {"torch", "transformers", "vllm"}
     envs = fresh_venv.skyrl_json("envs")
     assert [(e["id"], e["provider"]) for e in envs] == [("rlm_repl", "skyrl-rlm-repl")]
