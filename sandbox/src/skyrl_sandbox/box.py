@@ -13,7 +13,6 @@ import base64
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from . import framing
 from .backends import BACKENDS
@@ -23,6 +22,7 @@ from .launch import RUNTIME_NAME, WorkerProgram
 from .limits import Limits
 from .pool import WorkerPool
 from .seccomp import build_filter
+from .worker import Worker
 
 AGENT_PROGRAM = WorkerProgram(module=f"{RUNTIME_NAME}.agent", packages={})
 _START_TIMEOUT_S = 30.0
@@ -51,7 +51,7 @@ class Box:
 
     backend: str
 
-    def __init__(self, worker: Any, backend: str, limits: Limits) -> None:
+    def __init__(self, worker: Worker, backend: str, limits: Limits) -> None:
         self._worker = worker
         self.backend = backend
         self.limits = limits
@@ -77,7 +77,7 @@ class Box:
         return cls(worker, pool.backend, limits)
 
     @staticmethod
-    async def _initialise(worker: Any, backend: str, limits: Limits, env: dict[str, str]) -> None:
+    async def _initialise(worker: Worker, backend: str, limits: Limits, env: dict[str, str]) -> None:
         if backend == "subprocess" and os.geteuid() == 0:
             # The agent becomes nobody: it must still reach its work directory.
             for folder in (process_dir(), worker.host_dir):

@@ -12,7 +12,6 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from .backends import BACKENDS, resolve_backend
 from .cgroups import WorkerCgroup, cgroup_support
@@ -20,6 +19,7 @@ from .dirs import make_host_dir
 from .launch import WorkerProgram, plan_bwrap, plan_subprocess
 from .limits import Limits
 from .process import WorkerProcess
+from .worker import Worker
 
 SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-sandbox-spawner")
 _SHARED: dict[tuple, WorkerPool] = {}
@@ -43,7 +43,7 @@ class WorkerPool:
         self.limits = limits
         self.size = size
         self.image = image
-        self._idle: deque[Any] = deque()
+        self._idle: deque[Worker] = deque()
         self._starting = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -65,7 +65,7 @@ class WorkerPool:
         with self._lock:
             return len(self._idle)
 
-    async def acquire(self) -> Any:
+    async def acquire(self) -> Worker:
         """An idle started worker, or a newly started one when none is idle.
 
         Call :meth:`refill` once the worker is set up: replacements started earlier would compete
@@ -77,13 +77,13 @@ class WorkerPool:
             worker = await asyncio.wrap_future(SPAWNER.submit(self.start_worker))
         return worker
 
-    def acquire_blocking(self) -> Any:
+    def acquire_blocking(self) -> Worker:
         """:meth:`acquire` for callers without an event loop: blocks the calling thread while a worker starts."""
         with self._lock:
             worker = self._idle.popleft() if self._idle else None
         return worker if worker is not None else SPAWNER.submit(self.start_worker).result()
 
-    def start_worker(self) -> Any:
+    def start_worker(self) -> Worker:
         """Start one worker (blocking): a :class:`WorkerProcess`, or a container worker with Docker."""
         if self.backend == "docker":
             from .docker_engine import start_container_worker

@@ -18,6 +18,7 @@ from skyrl_sandbox import ProtocolViolation, SandboxError, WorkerGone, WorkerPoo
 from skyrl_sandbox import framing as protocol
 from skyrl_sandbox.cgroups import cgroup_support
 from skyrl_sandbox.seccomp import build_filter
+from skyrl_sandbox.worker import Worker
 
 from .config import REPL_PROGRAM, SandboxConfig
 from .result import ExecResult
@@ -64,7 +65,7 @@ class Sandbox:
         self._scaffold_code = scaffold_code
         self._rpc_methods = tuple(rpc_methods)
         self._handler = handler
-        self._worker: Any | None = None
+        self._worker: Worker | None = None
         self._lock = asyncio.Lock()
         self._seq = 0
         self._closed = False
@@ -163,7 +164,7 @@ class Sandbox:
                 raise SandboxError(f"the sandbox worker ({self.backend}) {problem}; "
                                    f"its stderr: {stderr or '(empty)'}")
 
-    async def _initialise(self, worker: Any) -> None:
+    async def _initialise(self, worker: Worker) -> None:
         own_pid = await worker.attach()
         config = self.config
         program = build_filter(config.allow_subprocesses, own_pid=own_pid)
@@ -195,7 +196,7 @@ class Sandbox:
         self._baseline_tasks = worker.task_count()  # trusted moment: no model code has run yet
         self._last_request_id = 0
 
-    async def _abandon(self, worker: Any, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
+    async def _abandon(self, worker: Worker, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
         if self._worker is worker:
             self._worker = None
         try:
@@ -252,7 +253,7 @@ class Sandbox:
             self._lost_state = True
             raise
 
-    async def _check_threads_ended(self, worker: Any, result: ExecResult, started: float) -> ExecResult:
+    async def _check_threads_ended(self, worker: Worker, result: ExecResult, started: float) -> ExecResult:
         """A thread left running could act in a later execution as if it were that code: none may outlive
         its block (counted from outside the worker, where model code cannot fake it)."""
         for _ in range(_THREAD_EXIT_POLLS):
@@ -328,7 +329,7 @@ class Sandbox:
         run.final_answer = protocol.text_field(params, "answer", limit)
         return None
 
-    async def _restart_after(self, worker: Any, reason: str, started: float,
+    async def _restart_after(self, worker: Worker, reason: str, started: float,
                              timed_out: bool = False) -> ExecResult:
         await self._abandon(worker)
         await self._start()
