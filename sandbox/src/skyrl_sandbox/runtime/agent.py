@@ -48,15 +48,11 @@ def main(spawn_json: str) -> int:
 
 def _lock_down(init: dict, work_dir: str) -> list[str]:
     warnings = []
-    kernel.apply_limits(init["limits"])
     if os.getuid() == 0:  # a root parent's subprocess backend: become nobody (which also drops every capability)
         os.chown(work_dir, _NOBODY, _NOBODY)
         os.setgroups([])
         os.setresgid(_NOBODY, _NOBODY, _NOBODY)
         os.setresuid(_NOBODY, _NOBODY, _NOBODY)
-    problem = kernel.drop_capabilities()
-    if problem:
-        warnings.append(problem)
     try:
         import ctypes
 
@@ -65,11 +61,7 @@ def _lock_down(init: dict, work_dir: str) -> list[str]:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of commands come back here to be killed
     except (ImportError, OSError, AttributeError) as exc:
         warnings.append(f"could not make the agent non-dumpable and a subreaper: {exc}")
-    if init.get("seccomp_filter"):
-        problem = kernel.install_seccomp(bytes.fromhex(init["seccomp_filter"]))
-        if problem:
-            warnings.append(problem)
-    return warnings
+    return warnings + kernel.lock_down(init)
 
 
 def _serve(request: dict, work_dir: str, env: dict) -> dict:

@@ -33,6 +33,15 @@ def apply_limits(limits: dict[str, int]) -> None:
         resource.setrlimit(which, (soft, hard))
 
 
+def lock_down(init: dict) -> list[str]:
+    """The last trusted steps of every worker, in order: the parent's rlimits, no capabilities, the
+    seccomp filter (hex in ``init["seccomp_filter"]``). Returns the protections that could not be had."""
+    apply_limits(init["limits"])
+    program = init.get("seccomp_filter")
+    problems = [drop_capabilities(), install_seccomp(bytes.fromhex(program)) if program else None]
+    return [problem for problem in problems if problem]
+
+
 def die_with_parent(expected_parent_pid: int | None) -> None:
     """Ask for SIGKILL when the parent dies; exit now if it already has."""
     try:

@@ -47,12 +47,10 @@ def lock_down(init: dict[str, Any]) -> list[str]:
         import duckdb  # noqa: F401 - loaded now: an import failure is a start failure, not a query's
     threading.stack_size(1 << 20)  # threads must fit under the address-space limit
     watchdog()  # the only thread queries use, started before max_processes binds
-    kernel.apply_limits(init["limits"])
+    problems = kernel.lock_down(init)
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no file may grow: reads only
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write then fails with EFBIG instead of killing us
-    seccomp = init.get("seccomp_filter")
-    problems = [kernel.drop_capabilities(), seccomp and kernel.install_seccomp(bytes.fromhex(seccomp))]
-    return [problem for problem in problems if problem]
+    return problems
 
 
 def serve(channel: Channel, memory_mb: int) -> int:

@@ -33,14 +33,7 @@ def main(spawn_json: str) -> int:
 
 
 def _initialise(init: dict, channel: Channel, warnings: list[str]) -> tuple[Repl, RequestSender]:
-    kernel.apply_limits(init["limits"])
-    problem = kernel.drop_capabilities()
-    if problem:
-        warnings.append(problem)
-    if init.get("seccomp_filter"):
-        problem = kernel.install_seccomp(bytes.fromhex(init["seccomp_filter"]))
-        if problem:
-            warnings.append(problem)
+    warnings += kernel.lock_down(init)
     kernel.forget_ctypes()
     context_text = None
     path = init.get("context_path")
