@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.table import Table
 from skyrl_sql.data.builtin import builtin_rows, ensure_builtin_databases
 from skyrl_sql.env import SQLEnv
-from skyrl_sql.executors import connect, execute
-from skyrl_sql.result import QueryRequest
+from skyrl_sql.worker.executors import connect, execute
+from skyrl_sql.worker.result import QueryRequest
 
 QUERIES = [
     "SELECT COUNT(*) FROM employees",

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from skyrl_sql.result import QueryRequest
 from skyrl_sql.sandbox import QueryRunner, SandboxSettings
+from skyrl_sql.worker.result import QueryRequest
 from sql_helpers import ENGINES, HAS_DUCKDB, query, started_env
 
 needs_duckdb = pytest.mark.skipif(not HAS_DUCKDB, reason="needs duckdb")

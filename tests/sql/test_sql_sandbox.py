@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from skyrl_sql.result import QueryRequest
 from skyrl_sql.sandbox import QueryRunner, SandboxError, SandboxSettings
+from skyrl_sql.worker.result import QueryRequest
 from sql_helpers import BACKENDS, ENGINES, HAS_DUCKDB, descendants, folder_digest, query, started_env
 
 FOREVER = {

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from skyrl_sql import sandbox as sandbox_module
 from skyrl_sql.data.loaders import resolve_database
-from skyrl_sql.result import QueryRequest, QueryResult
 from skyrl_sql.sandbox import QueryRunner, SandboxSettings, distribution_paths
+from skyrl_sql.worker.result import QueryRequest, QueryResult
 from sql_helpers import BACKENDS, ENGINES, HAS_DUCKDB, descendants, folder_digest, task
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,6 +18,7 @@ from . import framing
 from .backends import BACKENDS
 from .dirs import process_dir
 from .errors import ProtocolViolation, SandboxError, WorkerGone
+from .gaps import report_missing_protections
 from .launch import RUNTIME_NAME, WorkerProgram
 from .limits import Limits
 from .pool import WorkerPool
@@ -91,6 +92,7 @@ class Box:
         error = framing.text_field(reply, "error", 4000)
         if error:
             raise SandboxError(f"the command agent failed to start: {error}")
+        report_missing_protections("command", worker, reply, program)
 
     async def __aenter__(self) -> Box:
         return self

@@ -24,14 +24,12 @@ starts sweeps those of owners that died without cleaning up (e.g. SIGKILL).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import secrets
 import shutil
 import socket
 import struct
-import termios
 import threading
 import weakref
 from collections import deque
@@ -377,7 +375,7 @@ class ContainerWorker:
         assert self._reader is not None and self._stream is not None, "attach() first"
         await asyncio.sleep(0)
         for _ in range(100):  # let the transport move what is in the socket (stderr frames are not unread data)
-            if self._channel.fileno() < 0 or not _bytes_waiting(self._channel):
+            if self._channel.fileno() < 0 or not framing.bytes_waiting(self._channel.fileno()):
                 break
             await asyncio.sleep(0)
         # StreamReader has no public count of buffered bytes.
@@ -532,13 +530,6 @@ class _AttachStream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.reader.feed_eof()
         self.closed.set()
-
-
-def _bytes_waiting(channel: socket.socket) -> int:
-    try:
-        return struct.unpack("i", fcntl.ioctl(channel.fileno(), termios.FIONREAD, b"\0" * 4))[0]
-    except OSError:
-        return 0
 
 
 def _pids_file(init_pid: int, container_id: str) -> Path | None:

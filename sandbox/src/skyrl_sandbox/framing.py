@@ -9,9 +9,11 @@ sees it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import re
 import struct
+import termios
 from typing import Any
 
 from .errors import ProtocolViolation, WorkerGone
@@ -92,3 +94,11 @@ def int_field(message: dict[str, Any], key: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ProtocolViolation(f"field {key!r} must be a non-negative integer")
     return value
+
+
+def bytes_waiting(fd: int) -> int:
+    """Bytes readable now on a pipe or socket without blocking (0 once it is closed)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import shutil
 import signal
-import struct
 import subprocess
-import termios
 import weakref
 from pathlib import Path
 from typing import Any
@@ -73,9 +70,8 @@ class WorkerProcess:
         """Whether the worker sent anything not read yet (in the reader's buffer or still in the pipe)."""
         assert self._reader is not None, "attach() first"
         await asyncio.sleep(0)  # let the read transport move what is in the pipe
-        waiting = struct.unpack("i", fcntl.ioctl(self.popen.stdout.fileno(), termios.FIONREAD, b"\0" * 4))[0]
         # StreamReader has no public count of buffered bytes.
-        return waiting > 0 or bool(self._reader._buffer)  # type: ignore[attr-defined]
+        return framing.bytes_waiting(self.popen.stdout.fileno()) > 0 or bool(self._reader._buffer)  # type: ignore[attr-defined]
 
     def task_count(self) -> int:
         """Threads (and processes) the worker runs now, counted from outside: its pids group, else /proc."""

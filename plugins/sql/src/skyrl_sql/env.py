@@ -24,10 +24,10 @@ from skyrl_sql.data.builtin import builtin_rows
 from skyrl_sql.data.loaders import DatasetError, load_questions, resolve_database
 from skyrl_sql.prompts import system_prompt, user_prompt
 from skyrl_sql.render import INVALID_ACTION, observation, result_body
-from skyrl_sql.result import QueryRequest, QueryResult
 from skyrl_sql.reward import normalize_sql, orders_result, results_match
 from skyrl_sql.sandbox import QueryRunner, SandboxSettings, get_runner, message_cap_mb
 from skyrl_sql.tags import check_format, first_query, has_solution
+from skyrl_sql.worker.result import QueryRequest, QueryResult
 
 SCHEMA_QUERIES = {
     "sqlite": "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY rowid",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from skyrl_sql.result import QueryResult
+from skyrl_sql.worker.result import QueryResult
 
 INVALID_ACTION = ("Your previous action is invalid. Follow the format of outputting thinking process and sql "
                   "tool, and try again.")

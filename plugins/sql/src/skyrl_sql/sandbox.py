@@ -16,17 +16,13 @@ processes (tens of microseconds), not a thread hop on top.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import importlib.metadata
 import logging
 import math
 import os
-import platform
 import select
-import struct
 import subprocess
-import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +40,7 @@ from skyrl_sandbox import (
     resolve_backend,
 )
 from skyrl_sandbox import framing as protocol
+from skyrl_sandbox.gaps import report_missing_protections
 from skyrl_sandbox.seccomp import build_filter
 
 from skyrl_sql.config import GRACE_S  # the worker stops its own queries; the grace is the backstop
@@ -61,10 +58,6 @@ TMP_SIZE_MB = 1  # the worker writes no file; /tmp only has to exist
 _STATUSES = ("ok", "error", "refused", "timeout", "crashed")
 _REAL_PATHS_CACHED = 4096
 _MAX_MESSAGE_CHARS = 10_000
-_warned: list[bool] = []  # log a missing protection once per process, not once per worker
-_NO_SECCOMP = (f"no seccomp filter for this architecture ({platform.machine()}): process creation, signals and "
-               "kernel interfaces are limited only by the backend")
-_NO_CGROUP = "no writable cgroup: threads are bounded by RLIMIT_NPROC (not for root) and memory by RLIMIT_AS"
 
 __all__ = ["GRACE_S", "USABLE_BACKENDS", "QueryRunner", "SandboxError", "SandboxSettings", "get_runner",
            "message_cap_mb"]
@@ -167,7 +160,7 @@ class _Worker:
 
     def has_unread_data(self) -> bool:
         """Whether the worker wrote anything nobody asked for (frames are read exactly, so any byte is that)."""
-        return struct.unpack("i", fcntl.ioctl(self._read_fd, termios.FIONREAD, b"\0" * 4))[0] > 0
+        return protocol.bytes_waiting(self._read_fd) > 0
 
     def _read(self, size: int, deadline: float) -> bytearray:
         """Exactly ``size`` bytes (already checked against the cap), read straight into one buffer."""
@@ -365,12 +358,7 @@ class QueryRunner:
         if reply.get("error") is not None:
             raise SandboxError(f"the SQL sandbox worker ({self.backend}) failed to start: "
                                f"{protocol.text_field(reply, 'error', _MAX_MESSAGE_CHARS)}")
-        gaps = [str(item)[:500] for item in reply.get("warnings") or []]
-        gaps += [gap for missing, gap in ((seccomp is None, _NO_SECCOMP), (worker.process.cgroup is None, _NO_CGROUP))
-                 if missing]
-        if gaps and not _warned:
-            _warned.append(True)
-            log.warning("SQL sandbox (%s) runs without some protection: %s", self.backend, "; ".join(gaps))
+        report_missing_protections("SQL", worker.process, reply, seccomp)
 
     def _query(self, worker: _Worker, request: QueryRequest,
                db_path: str) -> tuple[QueryResult | SandboxError, bool]:

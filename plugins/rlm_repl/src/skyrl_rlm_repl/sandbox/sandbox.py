@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import os
-import platform
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,14 +15,13 @@ from typing import Any
 from skyrl_sandbox import ProtocolViolation, SandboxError, WorkerGone, WorkerPool
 from skyrl_sandbox import framing as protocol
 from skyrl_sandbox.cgroups import cgroup_support
+from skyrl_sandbox.gaps import report_missing_protections
 from skyrl_sandbox.seccomp import build_filter
 from skyrl_sandbox.worker import Worker
 
 from .config import REPL_PROGRAM, SandboxConfig
 from .result import ExecResult
 
-log = logging.getLogger(__name__)
-_warned: list[bool] = []  # log a missing protection once per process, not once per sandbox
 RequestHandler = Callable[[str, dict], Awaitable[Any]]
 DEFAULT_RPC_METHODS = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
 _RESTART_NOTE = ("The sandbox was restarted: every variable from earlier code blocks is lost "
@@ -183,16 +180,7 @@ class Sandbox:
         error = protocol.text_field(reply, "error", _MAX_ERROR_CHARS)
         if error is not None:
             raise SandboxError(f"the sandbox scaffold failed to load:\n{error}")
-        warnings = [str(item)[:500] for item in reply.get("warnings") or []]
-        if program is None:
-            warnings.append(f"no seccomp filter for this architecture ({platform.machine()}): process creation, "
-                            "signals and kernel interfaces are limited only by the backend")
-        if worker.cgroup is None and worker.backend != "docker":  # a container's own cgroups hold its limits
-            warnings.append("no writable cgroup: threads are bounded by RLIMIT_NPROC (not for root) and memory by "
-                            "RLIMIT_AS plus the /tmp size")
-        if warnings and not _warned:
-            _warned.append(True)
-            log.warning("sandbox (%s) runs without some protection: %s", self.backend, "; ".join(warnings))
+        report_missing_protections("REPL", worker, reply, program)
         self._baseline_tasks = worker.task_count()  # trusted moment: no model code has run yet
         self._last_request_id = 0
 
