@@ -3,7 +3,9 @@
 - The base image (:data:`BASE_TAG`): a minimal Debian with ``python3`` (the full standard library,
   nothing else), made by ``mmdebstrap --variant=minbase`` from Debian packages and imported with
   ``docker import``. Built once per engine (about 30 s) and cached by tag.
-- Task images: a folder with a Dockerfile ``FROM`` a local image (usually the base), built offline
+- Other Debian base images, declared by the packages that use them with
+  :func:`register_base_image` (e.g. a terminal image with git and procps): built the same way.
+- Task images: a folder with a Dockerfile ``FROM`` a local image (usually a base), built offline
   (``RUN`` steps have no network) and cached by tag plus a hash of the folder's contents.
 
 Command line (``scripts/setup.sh`` runs the first)::
@@ -58,6 +60,20 @@ _LOG_TAIL = 40
 
 Progress = Callable[[str], None]
 _known: set[str] = set()  # tags seen on the engine by this process
+_base_images: dict[str, tuple[str, ...]] = {BASE_TAG: PACKAGES}  # tag -> Debian packages beyond minbase
+
+
+def register_base_image(tag: str, packages: Sequence[str]) -> str:
+    """Declare a Debian base image (minbase plus ``packages``; python3 always included) built on demand.
+
+    Task Dockerfiles ``FROM`` a declared tag get it built the first time they are built. Bump the
+    tag when the package list changes: images are cached by tag.
+    """
+    wanted = tuple(dict.fromkeys(("python3", *packages)))
+    known = _base_images.setdefault(tag, wanted)
+    if known != wanted:
+        raise ValueError(f"base image {tag} is already declared with packages {known}, not {wanted}")
+    return tag
 _build_lock = threading.Lock()
 
 
@@ -102,7 +118,7 @@ def base_image_unavailable(tag: str = BASE_TAG) -> str | None:
 
 
 def ensure_base_image(tag: str = BASE_TAG, progress: Progress | None = None) -> str:
-    """The base image's tag, building it first when the engine does not have it (once per engine)."""
+    """A declared base image's tag, building it first when the engine does not have it (once per engine)."""
     if tag in _known:
         return tag
     with _build_lock, _machine_lock():
@@ -119,7 +135,7 @@ def forget(tag: str) -> None:
 
 def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Sequence[str] | None = None,
                      progress: Progress | None = None) -> str:
-    """Build the base image from Debian packages (mmdebstrap minbase + python3, then ``docker import``).
+    """Build a declared base image from Debian packages (mmdebstrap minbase + its packages, then ``docker import``).
 
     Skips the build when ``tag`` exists unless ``force``. ``mirrors`` defaults to ``$SKYRL_DEBIAN_MIRROR``
     (``|``-separated), else deb.debian.org with the updates and security suites. Raises
@@ -135,14 +151,15 @@ def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Seque
     if mmdebstrap is None:
         raise BackendUnavailable("docker", f"cannot build the Docker base image {tag}: mmdebstrap is not installed "
                                  "(Debian/Ubuntu: apt-get install mmdebstrap; or scripts/setup.sh as root)")
+    packages = _base_images.get(tag, PACKAGES)
     if mirrors is None:
         mirrors = os.environ[MIRROR_ENV].split("|") if os.environ.get(MIRROR_ENV) else DEFAULT_MIRRORS
     started = time.monotonic()
-    say(f"building the Docker base image {tag} from Debian {SUITE} packages ({', '.join(PACKAGES)}); "
+    say(f"building the Docker base image {tag} from Debian {SUITE} packages ({', '.join(packages)}); "
         "this takes about 30 s, once")
     with tempfile.TemporaryDirectory(prefix="skyrl-sandbox-image-") as folder:
         rootfs = Path(folder) / "rootfs.tar"
-        argv = [mmdebstrap, "--variant=minbase", f"--include={','.join(PACKAGES)}", *_SLIM, SUITE, str(rootfs),
+        argv = [mmdebstrap, "--variant=minbase", f"--include={','.join(packages)}", *_SLIM, SUITE, str(rootfs),
                 *mirrors]
         _run_logged(argv, say, "mmdebstrap")
         say(f"importing {rootfs.stat().st_size / 2**20:.0f} MiB into Docker as {tag}")
@@ -234,8 +251,8 @@ def _check_from_lines(text: str, recipe: Path, base: str, say: Progress) -> None
     for match in _FROM.finditer(text):
         image, stage = match.group(1), match.group(2)
         if image.lower() not in stages and image.lower() != "scratch" and "$" not in image:
-            if image == base:
-                ensure_base_image(base, progress=say)
+            if image == base or image in _base_images:
+                ensure_base_image(image, progress=say)
             elif not image_exists(image):
                 raise ImageBuildError(f"{recipe}: FROM {image} is not an image on this Docker Engine, and nothing is "
                                       f"pulled (no registry is used); build it first, or start FROM {base}")

@@ -23,7 +23,7 @@ from skyrl_core import EnvConfig, StepResult, TextEnv
 
 from skyrl_rlm_repl.config import RLMReplConfig
 from skyrl_rlm_repl.evidence.dataset import load_tasks
-from skyrl_rlm_repl.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
+from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
 from skyrl_rlm_repl.parser import ParsedResponse, parse_response
 from skyrl_rlm_repl.prompts import system_prompt
 from skyrl_rlm_repl.rewards import score_answer

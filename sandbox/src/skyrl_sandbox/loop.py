@@ -25,7 +25,7 @@ def sandbox_loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if _loop is None or _loop.is_closed():
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="skyrl-rlm-sandboxes", daemon=True).start()
+            threading.Thread(target=loop.run_forever, name="skyrl-sandboxes", daemon=True).start()
             _loop = loop
         return _loop
 

@@ -1,0 +1,368 @@
+"""The docker :class:`~skyrl_sandbox.machine.Machine`: one container of a task image, driven by ``docker exec``.
+
+Commands are execs of the engine (a shell's is an exec with a tty); processes are killed from
+inside by a POSIX ``sh`` loop of builtins (no ``ps`` or ``pkill`` needed in the image), sparing only
+``docker-init`` (PID 1) and the container's main process. The agent user is created at start
+(``useradd``, ``adduser`` or a line in ``/etc/passwd``) and given the work directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import posixpath
+import socket
+import struct
+import tarfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .box import RunResult
+from .docker_engine import _remove, owner_labels, shared_client, sweep_once
+from .errors import BackendUnavailable, SandboxError
+from .machine import AGENT_UID, Machine, MachineSpec, base_env
+from .terminal import SHELL_ARGV, TerminalSession
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">BxxxI")
+ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID"]
+_KEEPALIVE = ["sleep", "infinity"]
+_KILL_ROUNDS = 200
+# Kills every process but PID 1, the main process ($1) and itself, with builtins only (a child of its own
+# would be a target); exits 0 once a round finds nothing left to kill.
+_KILL_ALL = r"""
+main=$1; rounds=0
+while [ $rounds -lt %d ]; do
+  rounds=$((rounds + 1)); found=
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    case $pid in 1|$main|$$) continue ;; esac
+    kill -9 "$pid" 2>/dev/null && found=1
+  done
+  [ -z "$found" ] && exit 0
+done
+exit 1
+""" % _KILL_ROUNDS
+_SETUP = r"""
+set -e
+user=$1; workdir=$2
+mkdir -p "$workdir" /logs/verifier /logs/agent
+chmod 755 /logs /logs/verifier
+if [ "$user" != root ] && ! id "$user" >/dev/null 2>&1; then
+  if command -v useradd >/dev/null 2>&1; then
+    useradd -m -u %(uid)d -s /bin/bash "$user" 2>/dev/null || useradd -m -s /bin/bash "$user"
+  elif command -v adduser >/dev/null 2>&1; then
+    adduser -D -u %(uid)d -s /bin/bash "$user" 2>/dev/null || adduser -D -s /bin/bash "$user"
+  else
+    echo "$user:x:%(uid)d:%(uid)d::/home/$user:/bin/bash" >> /etc/passwd
+    echo "$user:x:%(uid)d:" >> /etc/group
+  fi
+fi
+home=$(getent passwd "$user" 2>/dev/null | cut -d: -f6 || true)
+[ -n "$home" ] || home=$( [ "$user" = root ] && echo /root || echo "/home/$user")
+mkdir -p "$home"
+if [ "$user" != root ]; then chown -R "$user": "$workdir" "$home" /logs/agent; fi
+printf '%%s %%s %%s %%s\n' "$(id -u "$user")" "$(id -g "$user")" "$home" "$(cat /proc/1/task/1/children)"
+""" % {"uid": AGENT_UID}
+_FOREGROUND = r"""
+set -- $(cat /proc/$1/stat)
+[ "$8" -gt 0 ] && [ "$8" != "$5" ] && kill -9 "-$8"
+"""
+
+
+class DockerMachine(Machine):
+    backend = "docker"
+
+    def __init__(self, api: Any, container_id: str, spec: MachineSpec, warnings: list[str]) -> None:
+        self.api = api
+        self.container_id = container_id
+        self.spec = spec
+        self.warnings = warnings
+        self.agent_uid = self.agent_gid = 0
+        self.agent_home = "/root"
+        self._main_pid = "0"
+        self._lock = asyncio.Lock()
+        self._shells: list[TerminalSession] = []
+        self._closed = False
+
+    @classmethod
+    async def start(cls, spec: MachineSpec) -> DockerMachine:
+        if spec.image is None:
+            raise ValueError("a docker machine needs MachineSpec.image")
+        api, container_id, warnings = await asyncio.to_thread(_create, spec)
+        machine = cls(api, container_id, spec, warnings)
+        try:
+            result = await machine.exec(["sh", "-c", _SETUP, "setup", spec.agent_user, spec.workdir], cwd="/",
+                                        timeout_s=60)
+            fields = result.stdout.decode(errors="replace").split()
+            if not result.ok or len(fields) < 4:
+                raise SandboxError(f"setting up the container of {spec.image} failed (exit {result.exit_code}): "
+                                   f"{(result.stderr or result.stdout).decode(errors='replace')[-1500:]}")
+            machine.agent_uid, machine.agent_gid = int(fields[0]), int(fields[1])
+            machine.agent_home, machine._main_pid = fields[2], fields[3]
+        except BaseException:
+            await machine.close()
+            raise
+        return machine
+
+    async def exec(self, argv: list[str], *, user: str = "root", env: Mapping[str, str] | None = None,
+                   cwd: str | None = None, stdin: bytes = b"", timeout_s: float = 60.0,
+                   max_output_bytes: int = 64 * 1024) -> RunResult:
+        home = "/root" if user in ("root", "0") else (self.agent_home if user == self.spec.agent_user else "/")
+        environment = {**base_env(self.spec, user, home), **(env or {})}
+        async with self._lock:
+            result = await asyncio.to_thread(_exec, self.api, self.container_id, argv, user, environment,
+                                             cwd or self.spec.workdir, stdin, timeout_s, max_output_bytes)
+            if result.timed_out:
+                await self._kill_all()
+        return result
+
+    async def put_files(self, dest: str, files: Mapping[str, bytes], *, owner: str = "root") -> None:
+        uid, gid = (0, 0) if owner in ("root", "0") else (self.agent_uid, self.agent_gid)
+        archive = _tar(files, uid, gid)
+        made = await self.exec(["mkdir", "-p", dest], timeout_s=30)
+        if not made.ok:
+            raise SandboxError(f"cannot create {dest}: {made.stderr.decode(errors='replace')[-500:]}")
+        if owner not in ("root", "0"):
+            await self.exec(["chown", f"{uid}:{gid}", dest], timeout_s=30)
+        await asyncio.to_thread(self.api.put_archive, self.container_id, dest, archive)
+
+    async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes | None:
+        # Root reads it; a symlink is not followed (cat -- on a test-only path would be), so the agent
+        # cannot point a reward file at something else.
+        script = 'f=$1; [ -f "$f" ] && [ ! -L "$f" ] || exit 3; head -c "$2" -- "$f"'
+        result = await self.exec(["sh", "-c", script, "read", path, str(max_bytes)], timeout_s=30,
+                                 max_output_bytes=max_bytes)
+        return result.stdout if result.exit_code == 0 else None
+
+    async def open_shell(self, *, env: Mapping[str, str] | None = None,
+                         max_output_bytes: int = 16 * 1024) -> TerminalSession:
+        user = self.spec.agent_user
+        environment = {**base_env(self.spec, user, self.agent_home), **(env or {})}
+
+        async def open_transport() -> _ExecTerminal:
+            raw = await asyncio.to_thread(_open_tty_exec, self.api, self.container_id, user, environment,
+                                          self.spec.workdir)
+            reader, writer = await asyncio.open_connection(sock=raw)
+            return _ExecTerminal(self, reader, writer)
+
+        session = TerminalSession(open_transport, max_output_bytes=max_output_bytes)
+        await session.start()
+        self._shells.append(session)
+        return session
+
+    async def kill_processes(self) -> None:
+        shells, self._shells = self._shells, []
+        for shell in shells:
+            await shell.close()
+        async with self._lock:
+            await self._kill_all()
+
+    async def _kill_all(self) -> None:
+        result = await asyncio.to_thread(_exec, self.api, self.container_id, ["sh", "-c", _KILL_ALL, "kill",
+                                         self._main_pid], "0", {"PATH": base_env(self.spec, "root", "/root")["PATH"]},
+                                         "/", b"", 60.0, 4096)
+        if result.exit_code != 0:
+            raise SandboxError(f"processes survived {_KILL_ROUNDS} rounds of kill -9 in {self.container_id[:12]} "
+                               f"(exit {result.exit_code})")
+
+    async def _kill_shell_tree(self) -> None:
+        async with self._lock:
+            await self._kill_all()
+
+    async def kill_foreground(self, shell_pid: int) -> bool:
+        async with self._lock:
+            result = await asyncio.to_thread(_exec, self.api, self.container_id,
+                                             ["sh", "-c", _FOREGROUND, "fg", str(shell_pid)], "0",
+                                             {"PATH": base_env(self.spec, "root", "/root")["PATH"]}, "/", b"", 20.0, 4096)
+        return result.exit_code == 0
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for shell in self._shells:
+            try:
+                await shell.close()
+            except Exception:  # noqa: BLE001 - the container goes anyway
+                pass
+        await asyncio.to_thread(_remove, self.api, self.container_id)
+
+
+class _ExecTerminal:
+    """A shell's tty: the raw stream of a ``docker exec -it``."""
+
+    def __init__(self, machine: DockerMachine, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.machine = machine
+        self.reader = reader
+        self.writer = writer
+
+    async def read(self) -> bytes:
+        return await self.reader.read(65536)
+
+    def write(self, data: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def kill_foreground(self, shell_pid: int) -> bool:
+        return await self.machine.kill_foreground(shell_pid)
+
+    async def close(self) -> None:
+        self.writer.close()
+        if not self.machine._closed:  # the shell (and what it started) must not outlive its terminal
+            try:
+                await self.machine._kill_shell_tree()
+            except Exception:  # noqa: BLE001 - kill_processes() and close() sweep again
+                log.debug("could not kill a closed shell's processes", exc_info=True)
+
+
+def _create(spec: MachineSpec) -> tuple[Any, str, list[str]]:
+    """Create and start the container (blocking); returns the API client, its id and unmet protections."""
+    try:
+        import docker
+        from docker.types import LogConfig, Ulimit
+    except ImportError as exc:
+        raise BackendUnavailable("docker", "the docker SDK is not installed (pip install 'skyrl-sandbox[docker]')") \
+            from exc
+    from . import images
+
+    api = shared_client().api
+    sweep_once()
+    if not images.image_exists(spec.image):
+        raise SandboxError(f"Docker image {spec.image!r} is not on this engine, and nothing is pulled: build it first")
+    warnings: list[str] = []
+    storage_bytes = spec.storage_mb * 2**20
+    settings = dict(
+        network_mode="none" if not spec.network else "bridge",
+        cap_drop=["ALL"], cap_add=ROOT_CAPABILITIES, security_opt=["no-new-privileges"],
+        pids_limit=spec.max_processes, mem_limit=spec.memory_mb * 2**20, memswap_limit=spec.memory_mb * 2**20,
+        nano_cpus=int(spec.cpus * 1e9), init=True, log_config=LogConfig(type="none"),
+        ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="fsize", soft=storage_bytes, hard=storage_bytes)],
+        oom_score_adj=500, ipc_mode="private", shm_size=64 * 2**20)
+    container_id = None
+    for storage_opt in ({"size": f"{spec.storage_mb}m"}, None):
+        try:
+            config = api.create_host_config(**settings, **({"storage_opt": storage_opt} if storage_opt else {}))
+            container_id = api.create_container(
+                spec.image, entrypoint=_KEEPALIVE[:1], command=_KEEPALIVE[1:], user="0:0", working_dir="/",
+                hostname=spec.hostname, labels=owner_labels(), network_disabled=not spec.network,
+                host_config=config)["Id"]
+            api.start(container_id)
+            break
+        except docker.errors.APIError as exc:
+            if container_id is not None:
+                _remove(api, container_id)
+                container_id = None
+            if storage_opt and "storage" in str(exc).lower():
+                warnings.append(f"storage_mb={spec.storage_mb} is not enforced as a disk quota: this engine's storage "
+                                "driver has none (each file is still capped at storage_mb)")
+                continue
+            raise SandboxError(f"could not start a container of {spec.image}: {exc}") from exc
+    assert container_id is not None
+    return api, container_id, warnings
+
+
+def _exec(api: Any, container_id: str, argv: list[str], user: str, env: Mapping[str, str], cwd: str, stdin: bytes,
+          timeout_s: float, max_output_bytes: int) -> RunResult:
+    """One exec, its demultiplexed output capped per stream, under a deadline (blocking)."""
+    import docker
+
+    started = time.monotonic()
+    try:
+        exec_id = api.exec_create(container_id, argv, stdout=True, stderr=True, stdin=bool(stdin), tty=False,
+                                  user=user, environment=dict(env), workdir=cwd)["Id"]
+        sdk_socket = api.exec_start(exec_id, socket=True)
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"docker exec of {argv[0]!r} failed: {exc}") from exc
+    raw = getattr(sdk_socket, "_sock", sdk_socket)
+    streams = {1: bytearray(), 2: bytearray()}
+    dropped = {1: 0, 2: 0}
+    timed_out = False
+    try:
+        if stdin:
+            raw.sendall(stdin)
+            raw.shutdown(socket.SHUT_WR)
+        pending = bytearray()
+        deadline = started + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            raw.settimeout(left)
+            try:
+                data = raw.recv(65536)
+            except (TimeoutError, socket.timeout):
+                timed_out = True
+                break
+            if not data:
+                break
+            pending += data
+            while len(pending) >= _HEADER.size:
+                kind, size = _HEADER.unpack_from(pending)
+                if len(pending) < _HEADER.size + size:
+                    break
+                chunk = bytes(pending[_HEADER.size:_HEADER.size + size])
+                del pending[:_HEADER.size + size]
+                target = streams.get(kind)
+                if target is None:
+                    continue
+                room = max(max_output_bytes - len(target), 0)
+                target += chunk[:room]
+                dropped[kind] += len(chunk) - min(room, len(chunk))
+    finally:
+        sdk_socket.close()
+        if raw is not sdk_socket:
+            raw.close()
+    exit_code = None if timed_out else _exit_code(api, exec_id)
+    return RunResult(exit_code=exit_code, stdout=bytes(streams[1]), stderr=bytes(streams[2]),
+                     stdout_truncated=dropped[1] > 0, stderr_truncated=dropped[2] > 0, timed_out=timed_out,
+                     duration_s=time.monotonic() - started)
+
+
+def _exit_code(api: Any, exec_id: str) -> int | None:
+    for _ in range(50):  # the stream can close a moment before the engine records the exit
+        state = api.exec_inspect(exec_id)
+        if not state.get("Running") and state.get("ExitCode") is not None:
+            return int(state["ExitCode"])
+        time.sleep(0.01)
+    return None
+
+
+def _open_tty_exec(api: Any, container_id: str, user: str, env: Mapping[str, str], cwd: str) -> socket.socket:
+    exec_id = api.exec_create(container_id, SHELL_ARGV, stdin=True, stdout=True, stderr=True, tty=True, user=user,
+                              environment=dict(env), workdir=cwd)["Id"]
+    sdk_socket = api.exec_start(exec_id, socket=True, tty=True)
+    raw = getattr(sdk_socket, "_sock", sdk_socket)
+    channel = socket.socket(fileno=raw.detach()) if isinstance(raw, socket.socket) else raw
+    response = getattr(sdk_socket, "_response", None)
+    if response is not None:
+        response.close()
+    return channel
+
+
+def _tar(files: Mapping[str, bytes], uid: int, gid: int) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        made: set[str] = set()
+        for name, data in sorted(files.items()):
+            relative = posixpath.normpath(name)
+            if relative.startswith(("/", "..")) or relative == ".":
+                raise SandboxError(f"file name {name!r} must be relative and stay inside the destination")
+            parts = relative.split("/")
+            for depth in range(1, len(parts)):
+                folder = "/".join(parts[:depth])
+                if folder not in made:
+                    made.add(folder)
+                    info = tarfile.TarInfo(folder)
+                    info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                    archive.addfile(info)
+            info = tarfile.TarInfo(relative)
+            info.size, info.uid, info.gid = len(data), uid, gid
+            info.mode = 0o755 if data.startswith(b"#!") else 0o644
+            info.mtime = int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
