@@ -35,7 +35,7 @@ _KILL_ROUNDS = 200
 # would be a target); exits 0 once a round finds nothing left to kill.
 _KILL_ALL = r"""
 main=$1; rounds=0
-while [ $rounds -lt %d ]; do
+while [ $rounds -lt $2 ]; do
   rounds=$((rounds + 1)); found=
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
@@ -45,28 +45,28 @@ while [ $rounds -lt %d ]; do
   [ -z "$found" ] && exit 0
 done
 exit 1
-""" % _KILL_ROUNDS
+"""
 _SETUP = r"""
 set -e
-user=$1; workdir=$2
+user=$1; workdir=$2; uid=$3
 mkdir -p "$workdir" /logs/verifier /logs/agent
 chmod 755 /logs /logs/verifier
 if [ "$user" != root ] && ! id "$user" >/dev/null 2>&1; then
   if command -v useradd >/dev/null 2>&1; then
-    useradd -m -u %(uid)d -s /bin/bash "$user" 2>/dev/null || useradd -m -s /bin/bash "$user"
+    useradd -m -u $uid -s /bin/bash "$user" 2>/dev/null || useradd -m -s /bin/bash "$user"
   elif command -v adduser >/dev/null 2>&1; then
-    adduser -D -u %(uid)d -s /bin/bash "$user" 2>/dev/null || adduser -D -s /bin/bash "$user"
+    adduser -D -u $uid -s /bin/bash "$user" 2>/dev/null || adduser -D -s /bin/bash "$user"
   else
-    echo "$user:x:%(uid)d:%(uid)d::/home/$user:/bin/bash" >> /etc/passwd
-    echo "$user:x:%(uid)d:" >> /etc/group
+    echo "$user:x:$uid:$uid::/home/$user:/bin/bash" >> /etc/passwd
+    echo "$user:x:$uid:" >> /etc/group
   fi
 fi
 home=$(getent passwd "$user" 2>/dev/null | cut -d: -f6 || true)
 [ -n "$home" ] || home=$( [ "$user" = root ] && echo /root || echo "/home/$user")
 mkdir -p "$home"
 if [ "$user" != root ]; then chown -R "$user": "$workdir" "$home" /logs/agent; fi
-printf '%%s %%s %%s %%s\n' "$(id -u "$user")" "$(id -g "$user")" "$home" "$(cat /proc/1/task/1/children)"
-""" % {"uid": AGENT_UID}
+printf '%s %s %s %s\n' "$(id -u "$user")" "$(id -g "$user")" "$home" "$(cat /proc/1/task/1/children)"
+"""
 _FOREGROUND = r"""
 set -- $(cat /proc/$1/stat)
 [ "$8" -gt 0 ] && [ "$8" != "$5" ] && kill -9 "-$8"
@@ -95,7 +95,7 @@ class DockerMachine(Machine):
         api, container_id, warnings = await asyncio.to_thread(_create, spec)
         machine = cls(api, container_id, spec, warnings)
         try:
-            result = await machine.exec(["sh", "-c", _SETUP, "setup", spec.agent_user, spec.workdir], cwd="/",
+            result = await machine.exec(["sh", "-c", _SETUP, "setup", spec.agent_user, spec.workdir, str(AGENT_UID)], cwd="/",
                                         timeout_s=60)
             fields = result.stdout.decode(errors="replace").split()
             if not result.ok or len(fields) < 4:
@@ -163,7 +163,7 @@ class DockerMachine(Machine):
 
     async def _kill_all(self) -> None:
         result = await asyncio.to_thread(_exec, self.api, self.container_id, ["sh", "-c", _KILL_ALL, "kill",
-                                         self._main_pid], "0", {"PATH": base_env(self.spec, "root", "/root")["PATH"]},
+                                         self._main_pid, str(_KILL_ROUNDS)], "0", {"PATH": base_env(self.spec, "root", "/root")["PATH"]},
                                          "/", b"", 60.0, 4096)
         if result.exit_code != 0:
             raise SandboxError(f"processes survived {_KILL_ROUNDS} rounds of kill -9 in {self.container_id[:12]} "
@@ -295,7 +295,7 @@ def _exec(api: Any, container_id: str, argv: list[str], user: str, env: Mapping[
             raw.settimeout(left)
             try:
                 data = raw.recv(65536)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 timed_out = True
                 break
             if not data:
