@@ -42,7 +42,7 @@ def test_listing_imports_no_heavy_module():
 def test_check_passes_a_good_env_and_reports_each_check(skyrl_cli):
     result = skyrl_cli("check", "reverse_text")
     assert result.exit_code == 0
-    assert "PASS  gold[0]" in result.output and "PASS  action:huge" in result.output
+    assert "PASS  gold[0] (train-0)" in result.output and "PASS  action:huge" in result.output
     assert "0 failed" in result.output
 
 
@@ -95,3 +95,16 @@ def test_plugins_can_add_commands(skyrl_cli, register_skyrl_plugin):
 
     register_skyrl_plugin(Commands())
     assert skyrl_cli("hello").output.strip() == "hello from a plugin"
+
+
+def test_rollout_takes_the_engine_from_the_config_file_unless_given(skyrl_cli, register_skyrl_plugin, tmp_path):
+    register_skyrl_plugin(ScriptedEnginePlugin())
+    config = tmp_path / "run.yaml"
+    config.write_text("engine: {id: scripted, model: llama3}\n")
+    out = tmp_path / "roll.jsonl"
+    result = skyrl_cli("rollout", "--env", "reverse_text", "--config", str(config), "--n-tasks", "1",
+                       "--out", str(out), "env.max_turns=1")
+    assert result.exit_code == 0, result.output
+    assert len(list(read_jsonl(out))) == 1
+    result = skyrl_cli("rollout", "--env", "reverse_text", "--config", str(config), "--engine", "no_such_engine")
+    assert result.exit_code == 2 and "no_such_engine" in result.output

@@ -81,7 +81,7 @@ def _listing_command(kind: Kind) -> Any:
 
 def check_command(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. rlm_repl."),
-    n_tasks: int = typer.Option(2, help="Built-in dataset rows to check the gold actions on."),
+    n_tasks: int = typer.Option(2, min=0, help="Built-in dataset rows to check the gold actions on (0 = all)."),
     overrides: list[str] | None = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
 ) -> None:
     """Run the env conformance checker (skyrl_core.testing.check_env) and print each check."""
@@ -95,9 +95,9 @@ def check_command(
     except (ConfigError, RegistryError) as exc:
         raise _fail(str(exc)) from None
     for name in report.passed:
-        typer.echo(f"PASS  {name}")
+        typer.echo(f"PASS  {report.label(name)}")
     for name in report.skipped:
-        typer.echo(f"SKIP  {name}")
+        typer.echo(f"SKIP  {report.label(name)}")
     for problem in report.failed:
         typer.echo(f"FAIL  {problem}")
     typer.echo(f"{len(report.passed)} passed, {len(report.failed)} failed")
@@ -117,18 +117,28 @@ def _config_layers(env: str, config_file: Path | None, overrides: list[str] | No
 
 def rollout_command(
     env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
-    engine: str = typer.Option("hf", "--engine", help="Engine id (see `skyrl engines`)."),
-    model: str | None = typer.Option(None, "--model", help="Model name or path for the engine."),
-    generator: str | None = typer.Option(None, "--generator", help="Generator id; default: the env's own or 'default'."),
-    n_tasks: int = typer.Option(8, "--n-tasks", help="Tasks to run (0 = all)."),
-    samples: int = typer.Option(1, "--samples", help="Episodes per task."),
+    engine: str | None = typer.Option(None, "--engine", help="Engine id (see `skyrl engines`); default: the "
+                                      "config's, else 'hf'. Unused with --oracle."),
+    model: str | None = typer.Option(None, "--model", help="Model name or path for the engine. Unused with --oracle."),
+    generator: str | None = typer.Option(None, "--generator", help="Generator id; default: the env's own or "
+                                         "'default'. Unused with --oracle."),
+    n_tasks: int = typer.Option(8, "--n-tasks", min=0, help="Tasks to run (0 = all)."),
+    samples: int = typer.Option(1, "--samples", min=1, help="Episodes per task. Unused with --oracle."),
     split: str = typer.Option("test", "--split", help="Built-in dataset split."),
     tasks: Path | None = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
     out: Path = typer.Option(Path("rollouts.jsonl"), "--out", help="Where to write the trajectories (JSONL)."),
     config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
+    oracle: bool = typer.Option(False, "--oracle", help="Play the env's gold actions instead of a model (no engine, "
+                                "model or tokenizer is loaded); write one result per task to --out and exit 1 "
+                                "naming every task that does not reach the top of the env's reward_range."),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, help="Oracle episodes run at once (with --oracle)."),
     overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
-    """Run episodes without training, write trajectories to JSONL and print a reward summary."""
+    """Run episodes without training, write trajectories to JSONL and print a reward summary.
+
+    With --oracle, the env's own gold actions play every task instead of a model: a check that the
+    shipped tasks are solvable, and that the env scores a right solution at full reward.
+    """
     import asyncio
 
     from skyrl_core.config import build_config
@@ -136,7 +146,13 @@ def rollout_command(
     from skyrl_core.engine import EngineError
     from skyrl_core.factory import ConfigError, env_class
 
-    flags = {"engine": {"id": engine, **({"model": model} if model else {})},
+    if oracle:
+        unused = [flag for flag, value in (("--engine", engine), ("--model", model), ("--generator", generator),
+                                           ("--samples", samples != 1)) if value]
+        _oracle_rollout(env, n_tasks=n_tasks, split=split, tasks=tasks, out=out, config_file=config_file,
+                        overrides=overrides, concurrency=concurrency, unused=unused)
+        return
+    flags = {"engine": {**({"id": engine} if engine else {}), **({"model": model} if model else {})},
              "generator": {"id": generator} if generator else {}}
     pm = get_plugin_manager()
     try:
@@ -166,14 +182,86 @@ def rollout_command(
     typer.echo(f"wrote {len(batch)} trajectories to {out}")
 
 
-class _RolloutProgress:
-    """A rich progress bar advanced by the ``on_rollout_end`` hook."""
+def _oracle_rollout(env: str, *, n_tasks: int, split: str, tasks: Path | None, out: Path,
+                    config_file: Path | None, overrides: list[str] | None, concurrency: int,
+                    unused: list[str]) -> None:
+    """``skyrl rollout --oracle``: play every row's gold actions, report and write the results."""
+    import asyncio
 
-    def __init__(self, total: int) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from skyrl_core.data import DataError, load_tasks
+    from skyrl_core.factory import ConfigError, component_config, env_class
+    from skyrl_core.oracle import play_gold
+
+    if unused:
+        typer.echo(f"note: --oracle plays the env's gold actions; {', '.join(unused)} "
+                   f"{'is' if len(unused) == 1 else 'are'} not used", err=True)
+    registry = get_plugin_manager().registry
+    try:
+        env_section = _oracle_env_section(env, config_file, overrides)
+        env_config = component_config("env", env, env_section, registry)
+        cls = env_class(env, registry)
+        rows = load_tasks(cls, env_config, split=split, path=str(tasks) if tasks else None, limit=n_tasks or None)
+    except (ConfigError, RegistryError, DataError, NotImplementedError) as exc:
+        raise _fail(str(exc)) from None
+    if not rows:
+        raise _fail(f"no tasks to run for env {env!r} (split {split!r})")
+    with _RolloutProgress(len(rows), "oracle episodes") as progress:
+        results = asyncio.run(play_gold(cls, env_config, rows, concurrency=concurrency,
+                                        on_result=lambda _result: progress.advance()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for result in results:
+            f.write(json.dumps({"env": env, **result.to_dict()}) + "\n")
+    from rich.table import Table
+
+    table = Table(title=f"oracle: {env}")
+    for column in ("task", "reward", "turns", "end", "error"):
+        table.add_column(column)
+    for result in results:
+        error = result.error or ""
+        table.add_row(escape(result.task_name), f"{result.reward:g}", str(result.turns), result.end,
+                      escape(error if len(error) <= 80 else error[:77] + "..."))
+    Console().print(table)
+    failed = [r for r in results if r.problem(cls.reward_range) is not None]
+    typer.echo(f"wrote {len(results)} oracle episodes to {out}")
+    if failed:
+        for r in failed:
+            typer.echo(f"  {r.task_name}: {r.problem(cls.reward_range)}")
+        typer.echo(f"oracle failed on {len(failed)} task(s): {', '.join(r.task_name for r in failed)}")
+        raise typer.Exit(1)
+    typer.echo(f"oracle solved all {len(results)} task(s) at reward {cls.reward_range[1]:g}")
+
+
+def _oracle_env_section(env: str, config_file: Path | None, overrides: list[str] | None) -> dict[str, Any]:
+    """The ``env`` options of the run config (YAML file, then overrides); other sections are unused."""
+    from skyrl_core.config import SECTIONS, load_yaml, merge, parse_overrides
+    from skyrl_core.factory import ConfigError
+    from skyrl_core.registry import did_you_mean
+
+    raw: dict[str, Any] = load_yaml(config_file) if config_file else {}
+    raw = merge(raw, parse_overrides(overrides or []))
+    allowed = [*SECTIONS, "run"]
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(f"unknown config section {key!r}.{did_you_mean(key, allowed)} "
+                              f"Sections: {', '.join(allowed)}")
+    section = raw.get("env", {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"config section 'env' must be a mapping, got {section!r}")
+    return {k: v for k, v in section.items() if k != "id"}
+
+
+class _RolloutProgress:
+    """A rich progress bar advanced by the ``on_rollout_end`` hook (or by :meth:`advance`)."""
+
+    def __init__(self, total: int, description: str = "episodes") -> None:
         from rich.progress import Progress
 
         self.progress = Progress(transient=False)
-        self.task = self.progress.add_task("episodes", total=total)
+        self.task = self.progress.add_task(description, total=total)
 
     def __enter__(self) -> _RolloutProgress:
         self.progress.start()
@@ -182,9 +270,12 @@ class _RolloutProgress:
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
     def on_rollout_end(self, trajectory: Any) -> None:
         if trajectory.parent_id is None:
-            self.progress.advance(self.task)
+            self.advance()
 
 
 from skyrl_core.hookspecs import hookimpl  # noqa: E402

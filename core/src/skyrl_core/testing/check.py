@@ -4,7 +4,8 @@ It plays short episodes and checks: the Gymnasium return shapes and types; that 
 huge and unclosed-tag actions get an observation instead of an exception or an infrastructure
 error, and that an empty action at the last turn (answered by ``TextEnv.reject_action``) still
 ends the episode within the reward range; that the turn limit truncates; that a seed makes
-episodes repeat exactly; that the env's ``gold_actions()`` reach the top of its reward range;
+episodes repeat exactly; that the env's ``gold_actions()`` reach the top of its reward range
+(one check a task, ``gold[i] (task-name)``, played by :func:`skyrl_core.oracle.play_gold`);
 that a fresh env pickles (remote workers); that the async ``astep`` agrees with ``step``; and
 that ``close()`` can be called twice.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import env_class, validate_config
+from skyrl_core.oracle import play_gold, row_name
 
 HOSTILE_ACTIONS: dict[str, str] = {
     "empty": "",
@@ -39,10 +41,20 @@ class EnvCheckError(AssertionError):
 
 @dataclass
 class EnvCheckReport:
+    """Check ids that passed or were skipped, and ``"<label>: <problem>"`` for each failure.
+
+    Ids are stable (``gold[2]``); :meth:`label` adds the task's name where the row has one
+    (``gold[2] (builtin-3)``), as the CLI prints them.
+    """
+
     env: str
     passed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def label(self, check: str) -> str:
+        return self.labels.get(check, check)
 
 
 def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | None = None,
@@ -50,13 +62,18 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
               raise_on_failure: bool = True) -> EnvCheckReport:
     """Check an env (registered id or class) against the TextEnv contract.
 
-    ``tasks`` default to the first ``n_tasks`` rows of the env's built-in dataset.
+    ``tasks`` default to the first ``n_tasks`` rows of the env's built-in dataset (``0``: all of
+    them). The gold check of row ``i`` has the id ``gold[i]`` and the label ``gold[i] (name)`` when
+    the row has a ``name``, ``id`` or ``task_id``.
     """
     cls = env_class(env) if isinstance(env, str) else env
     if not isinstance(config, EnvConfig):
         config = validate_config(cls.config_class, config or {}, "env")
+    if n_tasks < 0:
+        raise ValueError(f"n_tasks must be 0 (all rows) or more, got {n_tasks}")
     if tasks is None:
-        tasks = list(cls.load_dataset("train", config))[:n_tasks]
+        rows = list(cls.load_dataset("train", config))
+        tasks = rows[:n_tasks] if n_tasks else rows
     if not tasks:
         raise EnvCheckError(f"{cls.__name__}: no tasks to check with (pass tasks=...)")
     report = EnvCheckReport(env if isinstance(env, str) else cls.__name__)
@@ -72,17 +89,20 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     checks.append(("action:empty_at_turn_limit",
                    lambda: _check_action(cls, config, tasks[0], seed, "", turn=config.max_turns)))
     for i, task in enumerate(tasks):
+        name = row_name(task)
+        if name is not None:
+            report.labels[f"gold[{i}]"] = f"gold[{i}] ({name})"
         checks.append((f"gold[{i}]", lambda t=task: _check_gold(cls, config, t, seed)))
     for name, check in checks:
         try:
             outcome = check()
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not just the first
-            report.failed.append(f"{name}: raised {type(exc).__name__}: {exc}")
+            report.failed.append(f"{report.label(name)}: raised {type(exc).__name__}: {exc}")
             continue
         if outcome == "skip":
             report.skipped.append(name)
         elif outcome:
-            report.failed.append(f"{name}: {outcome}")
+            report.failed.append(f"{report.label(name)}: {outcome}")
         else:
             report.passed.append(name)
     if report.failed and raise_on_failure:
@@ -208,14 +228,5 @@ def _check_astep(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any],
 
 
 def _check_gold(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
-    with _Episode(cls, config, task, seed) as (env, _):
-        gold = env.gold_actions()
-        if gold is None:
-            return "skip"
-        results = _play(env, gold)
-    total = sum(r[1] for r in results)
-    if not results or not results[-1][2]:
-        return "the gold actions did not terminate the episode"
-    if abs(total - cls.reward_range[1]) > 1e-6:
-        return f"the gold actions scored {total}, expected the top of reward_range {cls.reward_range[1]}"
-    return None
+    (result,) = asyncio.run(play_gold(cls, config, [task], concurrency=1, seed=seed))
+    return "skip" if result.no_gold else result.problem(cls.reward_range)
