@@ -1,0 +1,489 @@
+"""One Harbor task folder (``task.toml`` schema 1.0 or 1.x) read into a frozen :class:`HarborTask`.
+
+Layout: ``task.toml``, ``instruction.md``, ``environment/Dockerfile`` (the build context is
+``environment/``), ``tests/test.sh`` (+ helpers), optional ``solution/solve.sh``; a multi-step task
+adds ``[[steps]]`` tables and ``steps/<name>/`` folders. Where our behaviour differs from Harbor's:
+
+- ``allow_internet`` defaults to False (Harbor: True); the env decides what a task finally gets.
+- GPUs are never provided; a task asking for some loads with a warning.
+- ``[verifier] env`` values are kept verbatim: no ``${HOST_VAR}`` is filled from this machine.
+- ``[metadata.skyrl] base_packages_only = true`` (our extension) declares that the Dockerfile needs
+  nothing beyond the terminal base image's packages, so a backend without Docker may run it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+DEFAULT_TIMEOUT_SEC = 600.0
+DEFAULT_CPUS = 1.0
+DEFAULT_MEMORY_MB = 2048
+DEFAULT_STORAGE_MB = 10240
+REWARD_STRATEGIES = ("mean", "final")
+SINGLE_STEP_NAME = "main"
+
+_TOP_KEYS = {"version", "schema_version", "task", "metadata", "verifier", "agent", "solution",
+             "environment", "multi_step_reward_strategy", "steps"}
+_TASK_KEYS = {"name", "description", "authors", "keywords"}
+_VERIFIER_KEYS = {"timeout_sec", "env", "user"}
+_AGENT_KEYS = {"timeout_sec", "user"}
+_SOLUTION_KEYS = {"env"}
+_ENVIRONMENT_KEYS = {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage",
+                     "storage_mb", "allow_internet", "gpus", "gpu_types", "workdir", "os"}
+_STEP_KEYS = {"name", "min_reward", "contributes_to_reward", "agent", "verifier"}
+_SKYRL_KEYS = {"base_packages_only"}
+
+_SCHEMA_RE = re.compile(r"1(\.\d+)*")
+_SAFE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B|I)?", re.IGNORECASE)
+_MB_PER_UNIT = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024.0}
+
+
+class TaskFormatError(ValueError):
+    """A task folder that does not follow the Harbor task format; the message names folder and key."""
+
+
+class HarborTaskWarning(UserWarning):
+    """Something in a task that loads but is ignored or changed (unknown key, GPUs, ...)."""
+
+
+@dataclass(frozen=True)
+class Author:
+    name: str
+    email: str | None = None
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """How to build and size the task container (``[environment]`` plus ``environment/``)."""
+
+    context_dir: Path | None  # the environment/ folder when it holds the Dockerfile
+    dockerfile: str  # file name inside context_dir
+    docker_image: str | None  # a prebuilt image named by the task
+    workdir: str | None  # [environment] workdir, else None (the Dockerfile's WORKDIR decides)
+    build_timeout_sec: float
+    cpus: float
+    memory_mb: int
+    storage_mb: int
+    allow_internet: bool  # what the task asked for; False when it did not say
+    base_packages_only: bool
+    gpus: int = 0  # asked for, never provided
+
+
+@dataclass(frozen=True)
+class Step:
+    """One agent turn sequence and its verifier; a single-step task has one, named ``main``."""
+
+    name: str
+    instruction: str
+    tests_dirs: tuple[Path, ...]  # copied to /tests in this order, later files override earlier ones
+    solution_dir: Path | None
+    setup_script: Path | None  # run as root before the step's agent turns
+    agent_timeout_sec: float
+    agent_user: str | None
+    verifier_timeout_sec: float
+    verifier_env: dict[str, str]
+    verifier_user: str | None
+    min_reward: float | None  # stop the episode after this step when its reward is below
+    contributes_to_reward: bool
+
+
+@dataclass(frozen=True)
+class HarborTask:
+    name: str
+    path: Path
+    schema_version: str
+    environment: EnvironmentSpec
+    steps: tuple[Step, ...]
+    multi_step: bool
+    reward_strategy: str
+    solution_env: dict[str, str]
+    metadata: dict[str, Any]
+    warnings: tuple[str, ...]
+    description: str = ""
+    authors: tuple[Author, ...] = ()
+    keywords: tuple[str, ...] = ()
+
+    def test_files(self, step: Step) -> dict[str, bytes]:
+        """The contents of ``/tests`` for ``step``: relative POSIX path -> bytes, layers merged."""
+        files: dict[str, bytes] = {}
+        for folder in step.tests_dirs:
+            files.update(_read_tree(folder, self.path))
+        return files
+
+    def solution_files(self, step: Step) -> dict[str, bytes]:
+        """The reference solution for ``step`` (``solve.sh`` and its helpers); empty when it has none."""
+        return _read_tree(step.solution_dir, self.path) if step.solution_dir else {}
+
+
+def combine_rewards(strategy: str, step_rewards: list[float | None], contributes: list[bool]) -> float:
+    """The episode reward from per-step rewards.
+
+    ``contributes`` has one flag per step; ``step_rewards`` may be shorter (steps not reached), and
+    ``None`` marks a step without a result. Both count 0. "mean" averages the contributing steps,
+    "final" takes the last contributing step's reward; 0 when no step contributes.
+    """
+    if strategy not in REWARD_STRATEGIES:
+        raise ValueError(f"unknown reward strategy {strategy!r}; expected one of {', '.join(REWARD_STRATEGIES)}")
+    if len(step_rewards) > len(contributes):
+        raise ValueError(f"{len(step_rewards)} step rewards for {len(contributes)} steps")
+    padded = list(step_rewards) + [None] * (len(contributes) - len(step_rewards))
+    counted = [reward or 0.0 for reward, flag in zip(padded, contributes, strict=True) if flag]
+    if not counted:
+        return 0.0
+    return counted[-1] if strategy == "final" else sum(counted) / len(counted)
+
+
+def load_task(path: str | os.PathLike[str]) -> HarborTask:
+    """Read and check the task folder at ``path``; raises :class:`TaskFormatError`."""
+    task_dir = Path(path)
+    reader = _Reader(task_dir)
+    data = _read_toml(task_dir)
+    reader.check_keys(data, _TOP_KEYS, "top level")
+    info = reader.table(data, "task", "[task]", _TASK_KEYS)
+    metadata = reader.table(data, "metadata", "[metadata]")
+    solution = reader.table(data, "solution", "[solution]", _SOLUTION_KEYS)
+    defaults = _task_step_defaults(reader, data)
+    steps_raw = data.get("steps")
+    if steps_raw is None:
+        steps = (_single_step(task_dir, defaults),)
+    else:
+        steps = _multi_steps(task_dir, reader, steps_raw, defaults)
+    fields = dict(
+        name=reader.string(info, "name", "[task]") or task_dir.name,
+        path=task_dir,
+        schema_version=_schema_version(reader, data),
+        environment=_environment_spec(task_dir, reader, data, metadata),
+        steps=steps,
+        multi_step=steps_raw is not None,
+        reward_strategy=_reward_strategy(reader, data),
+        solution_env=reader.str_dict(solution, "env", "[solution]"),
+        metadata=metadata,
+        description=reader.string(info, "description", "[task]") or "",
+        authors=_authors(reader, info),
+        keywords=tuple(reader.str_list(info, "keywords", "[task]")),
+    )
+    return HarborTask(**fields, warnings=tuple(reader.warnings))  # last: every check above may warn
+
+
+class _Reader:
+    """Typed access to task.toml values; errors and warnings name the task folder, table and key."""
+
+    def __init__(self, task_dir: Path) -> None:
+        self.task_dir = task_dir
+        self.warnings: list[str] = []
+
+    def error(self, where: str, message: str) -> TaskFormatError:
+        return TaskFormatError(f"{self.task_dir / 'task.toml'}: {where} {message}")
+
+    def warn(self, message: str) -> None:
+        text = f"{self.task_dir / 'task.toml'}: {message}"
+        self.warnings.append(text)
+        warnings.warn(text, HarborTaskWarning, stacklevel=4)
+
+    def check_keys(self, table: dict[str, Any], allowed: set[str], where: str) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                self.warn(f"{where}: unknown key {key!r} is ignored{hint}")
+
+    def table(self, parent: dict[str, Any], key: str, where: str, allowed: set[str] | None = None) -> dict[str, Any]:
+        value = parent.get(key, {})
+        if not isinstance(value, dict):
+            raise self.error(where, f"must be a table, got {_describe(value)}")
+        if allowed is not None:
+            self.check_keys(value, allowed, where)
+        return value
+
+    def number(self, table: dict[str, Any], key: str, where: str, default: float) -> float:
+        """A positive int or float."""
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
+            raise self.error(where, f"{key} must be a positive number, got {_describe(value)}")
+        return float(value)
+
+    def integer(self, table: dict[str, Any], key: str, where: str, default: int, minimum: int = 1) -> int:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(where, f"{key} must be a whole number >= {minimum}, got {_describe(value)}")
+        return value
+
+    def boolean(self, table: dict[str, Any], key: str, where: str, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(where, f"{key} must be true or false, got {_describe(value)}")
+        return value
+
+    def string(self, table: dict[str, Any], key: str, where: str) -> str | None:
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise self.error(where, f"{key} must be a non-empty string, got {_describe(value)}")
+        return value
+
+    def str_list(self, table: dict[str, Any], key: str, where: str) -> list[str]:
+        value = table.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise self.error(where, f"{key} must be a list of strings, got {_describe(value)}")
+        return value
+
+    def str_dict(self, table: dict[str, Any], key: str, where: str) -> dict[str, str]:
+        value = table.get(key, {})
+        if not isinstance(value, dict):
+            raise self.error(where, f"{key} must be a table of strings, got {_describe(value)}")
+        for name, item in value.items():
+            if not isinstance(item, str):
+                raise self.error(where, f"{key}.{name} must be a string, got {_describe(item)}")
+        return dict(value)
+
+
+@dataclass(frozen=True)
+class _StepDefaults:
+    agent_timeout_sec: float
+    agent_user: str | None
+    verifier_timeout_sec: float
+    verifier_env: dict[str, str]
+    verifier_user: str | None
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _read_toml(task_dir: Path) -> dict[str, Any]:
+    toml_path = task_dir / "task.toml"
+    if not toml_path.is_file():
+        raise TaskFormatError(f"{task_dir}: not a Harbor task: {toml_path.name} is missing")
+    try:
+        return tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise TaskFormatError(f"{toml_path}: invalid TOML: {exc}") from exc
+
+
+def _read_text(path: Path, task_dir: Path) -> str:
+    if not path.is_file():
+        raise TaskFormatError(f"{path.parent}: {path.name} is missing")
+    _check_inside(path, task_dir.resolve())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskFormatError(f"{path}: not UTF-8 text: {exc}") from exc
+    if not text.strip():
+        raise TaskFormatError(f"{path}: is empty")
+    return text
+
+
+def _schema_version(reader: _Reader, data: dict[str, Any]) -> str:
+    key = "schema_version" if "schema_version" in data else "version"
+    value = data.get(key, "1.0")
+    if not isinstance(value, str) or not _SCHEMA_RE.fullmatch(value):
+        raise reader.error("top level", f"{key} must be a 1.x version string such as \"1.1\", got {_describe(value)}")
+    return value
+
+
+def _reward_strategy(reader: _Reader, data: dict[str, Any]) -> str:
+    value = data.get("multi_step_reward_strategy", "mean")
+    if value not in REWARD_STRATEGIES:
+        raise reader.error("top level", f"multi_step_reward_strategy must be one of "
+                                        f"{', '.join(REWARD_STRATEGIES)}, got {_describe(value)}")
+    return value
+
+
+def _authors(reader: _Reader, info: dict[str, Any]) -> tuple[Author, ...]:
+    value = info.get("authors", [])
+    if not isinstance(value, list):
+        raise reader.error("[task]", f"authors must be a list of {{name, email}} tables, got {_describe(value)}")
+    authors = []
+    for index, entry in enumerate(value):
+        where = f"[task] authors[{index}]"
+        if not isinstance(entry, dict):
+            raise reader.error(where, f"must be a {{name, email}} table, got {_describe(entry)}")
+        reader.check_keys(entry, {"name", "email"}, where)
+        name = reader.string(entry, "name", where)
+        if name is None:
+            raise reader.error(where, "needs a name")
+        authors.append(Author(name, reader.string(entry, "email", where)))
+    return tuple(authors)
+
+
+def _task_step_defaults(reader: _Reader, data: dict[str, Any]) -> _StepDefaults:
+    agent = reader.table(data, "agent", "[agent]", _AGENT_KEYS)
+    verifier = reader.table(data, "verifier", "[verifier]", _VERIFIER_KEYS)
+    return _StepDefaults(
+        agent_timeout_sec=reader.number(agent, "timeout_sec", "[agent]", DEFAULT_TIMEOUT_SEC),
+        agent_user=reader.string(agent, "user", "[agent]"),
+        verifier_timeout_sec=reader.number(verifier, "timeout_sec", "[verifier]", DEFAULT_TIMEOUT_SEC),
+        verifier_env=reader.str_dict(verifier, "env", "[verifier]"),
+        verifier_user=reader.string(verifier, "user", "[verifier]"),
+    )
+
+
+def _size_mb(reader: _Reader, table: dict[str, Any], key: str, default: int) -> int:
+    """``<key>_mb`` (whole MB) or the deprecated ``<key>`` ("2G", "512M", "1024K", a bare number = MB)."""
+    mb_key = f"{key}_mb"
+    if key in table and mb_key in table:
+        reader.warn(f"[environment]: both {key} and {mb_key} are set; {mb_key} = {table[mb_key]!r} is used")
+    if mb_key in table or key not in table:
+        return reader.integer(table, mb_key, "[environment]", default)
+    value = table[key]
+    match = _SIZE_RE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        amount, unit = float(value), ""
+    elif match:
+        amount, unit = float(match.group(1)), match.group(2).upper()
+    else:
+        raise reader.error("[environment]", f"{key} must be a size such as \"2G\" or \"512M\", got {_describe(value)}")
+    size = math.ceil(amount * _MB_PER_UNIT[unit])
+    if size <= 0:
+        raise reader.error("[environment]", f"{key} must be positive, got {_describe(value)}")
+    return size
+
+
+def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], metadata: dict[str, Any]) -> EnvironmentSpec:
+    env = reader.table(data, "environment", "[environment]", _ENVIRONMENT_KEYS)
+    docker_image = reader.string(env, "docker_image", "[environment]")
+    context_dir = _context_dir(task_dir, docker_image)
+    workdir = reader.string(env, "workdir", "[environment]")
+    if workdir is not None and not workdir.startswith("/"):
+        raise reader.error("[environment]", f"workdir must be an absolute path, got {workdir!r}")
+    target_os = reader.string(env, "os", "[environment]")
+    if target_os not in (None, "linux"):
+        raise reader.error("[environment]", f"os must be \"linux\", got {target_os!r}")
+    reader.str_list(env, "gpu_types", "[environment]")
+    gpus = reader.integer(env, "gpus", "[environment]", 0, minimum=0)
+    if gpus:
+        reader.warn(f"[environment]: gpus = {gpus} is requested, but GPUs are not provided to task containers")
+    skyrl = reader.table(metadata, "skyrl", "[metadata.skyrl]", _SKYRL_KEYS)
+    return EnvironmentSpec(
+        context_dir=context_dir,
+        dockerfile="Dockerfile",
+        docker_image=docker_image,
+        workdir=workdir,
+        build_timeout_sec=reader.number(env, "build_timeout_sec", "[environment]", DEFAULT_TIMEOUT_SEC),
+        cpus=reader.number(env, "cpus", "[environment]", DEFAULT_CPUS),
+        memory_mb=_size_mb(reader, env, "memory", DEFAULT_MEMORY_MB),
+        storage_mb=_size_mb(reader, env, "storage", DEFAULT_STORAGE_MB),
+        allow_internet=reader.boolean(env, "allow_internet", "[environment]", False),
+        base_packages_only=reader.boolean(skyrl, "base_packages_only", "[metadata.skyrl]", False),
+        gpus=gpus,
+    )
+
+
+def _context_dir(task_dir: Path, docker_image: str | None) -> Path | None:
+    context = task_dir / "environment"
+    if (context / "Dockerfile").is_file():
+        return context
+    if docker_image is None:
+        raise TaskFormatError(f"{task_dir}: environment/Dockerfile is missing "
+                              f"(and task.toml [environment] names no docker_image)")
+    return None
+
+
+def _single_step(task_dir: Path, defaults: _StepDefaults) -> Step:
+    tests = task_dir / "tests"
+    if not (tests / "test.sh").is_file():
+        raise TaskFormatError(f"{task_dir}: tests/test.sh is missing")
+    return _step(SINGLE_STEP_NAME, _read_text(task_dir / "instruction.md", task_dir), (tests,),
+                 _solution_dir(task_dir), None, defaults, None, True)
+
+
+def _multi_steps(task_dir: Path, reader: _Reader, raw: Any, defaults: _StepDefaults) -> tuple[Step, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(item, dict) for item in raw):
+        raise reader.error("[[steps]]", "must be one or more tables")
+    seen: set[str] = set()
+    steps = []
+    for index, table in enumerate(raw):
+        step = _parse_step(task_dir, reader, index, table, defaults)
+        if step.name in seen:
+            raise reader.error(f"[[steps]] #{index + 1}", f"duplicate step name {step.name!r}")
+        seen.add(step.name)
+        steps.append(step)
+    return tuple(steps)
+
+
+def _parse_step(task_dir: Path, reader: _Reader, index: int, table: dict[str, Any], defaults: _StepDefaults) -> Step:
+    name = table.get("name")
+    if not isinstance(name, str) or not _SAFE_NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise reader.error(f"[[steps]] #{index + 1}", f"name must be a safe folder name "
+                                                      f"(letters, digits, '.', '_', '-'), got {_describe(name)}")
+    where = f"[[steps]] {name!r}"
+    reader.check_keys(table, _STEP_KEYS, where)
+    agent = reader.table(table, "agent", f"{where} agent", _AGENT_KEYS)
+    verifier = reader.table(table, "verifier", f"{where} verifier", _VERIFIER_KEYS)
+    overrides = _StepDefaults(
+        agent_timeout_sec=reader.number(agent, "timeout_sec", f"{where} agent", defaults.agent_timeout_sec),
+        agent_user=reader.string(agent, "user", f"{where} agent") or defaults.agent_user,
+        verifier_timeout_sec=reader.number(verifier, "timeout_sec", f"{where} verifier",
+                                           defaults.verifier_timeout_sec),
+        verifier_env={**defaults.verifier_env, **reader.str_dict(verifier, "env", f"{where} verifier")},
+        verifier_user=reader.string(verifier, "user", f"{where} verifier") or defaults.verifier_user,
+    )
+    min_reward = table.get("min_reward")
+    if min_reward is not None and (isinstance(min_reward, bool) or not isinstance(min_reward, int | float)):
+        raise reader.error(where, f"min_reward must be a number, got {_describe(min_reward)}")
+    step_dir = task_dir / "steps" / name
+    if not step_dir.is_dir():
+        raise TaskFormatError(f"{task_dir}: step {name!r} has no folder steps/{name}/")
+    tests_dirs = tuple(d for d in (task_dir / "tests", step_dir / "tests") if d.is_dir())
+    if not any((d / "test.sh").is_file() for d in tests_dirs):
+        raise TaskFormatError(f"{task_dir}: step {name!r} has no test.sh (in tests/ or steps/{name}/tests/)")
+    setup = step_dir / "setup.sh"
+    if setup.is_file():
+        _check_inside(setup, task_dir.resolve())
+    return _step(name, _read_text(step_dir / "instruction.md", task_dir), tests_dirs,
+                 _solution_dir(step_dir), setup if setup.is_file() else None, overrides,
+                 None if min_reward is None else float(min_reward),
+                 reader.boolean(table, "contributes_to_reward", where, True))
+
+
+def _step(name: str, instruction: str, tests_dirs: tuple[Path, ...], solution_dir: Path | None,
+          setup_script: Path | None, settings: _StepDefaults, min_reward: float | None, contributes: bool) -> Step:
+    return Step(name=name, instruction=instruction, tests_dirs=tests_dirs, solution_dir=solution_dir,
+                setup_script=setup_script, agent_timeout_sec=settings.agent_timeout_sec,
+                agent_user=settings.agent_user, verifier_timeout_sec=settings.verifier_timeout_sec,
+                verifier_env=dict(settings.verifier_env), verifier_user=settings.verifier_user,
+                min_reward=min_reward, contributes_to_reward=contributes)
+
+
+def _solution_dir(folder: Path) -> Path | None:
+    solution = folder / "solution"
+    return solution if (solution / "solve.sh").is_file() else None
+
+
+def _read_tree(root: Path, task_root: Path) -> dict[str, bytes]:
+    """Regular files under ``root`` by relative POSIX path; symlinks must stay inside the task folder."""
+    boundary = task_root.resolve()
+    _check_inside(root, boundary)
+    files: dict[str, bytes] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in dirnames:
+            if (base / name).is_symlink():
+                raise TaskFormatError(f"{base / name}: symlinked folders are not supported in a task")
+        for name in sorted(filenames):
+            files[(base / name).relative_to(root).as_posix()] = _read_regular(base / name, boundary)
+    return files
+
+
+def _read_regular(path: Path, boundary: Path) -> bytes:
+    target = _check_inside(path, boundary)
+    if not target.is_file():
+        raise TaskFormatError(f"{path}: not a regular file")
+    return target.read_bytes()
+
+
+def _check_inside(path: Path, boundary: Path) -> Path:
+    """``path`` with symlinks resolved; an error when a symlink leads out of the task folder."""
+    target = path.resolve()
+    if not target.is_relative_to(boundary):
+        raise TaskFormatError(f"{path}: symlink points outside the task folder ({target})")
+    return target
