@@ -3,7 +3,7 @@
 Every command and every shell is a fresh bubblewrap instance (new user, PID, network, IPC, UTS and
 mount namespaces; no capabilities; the seccomp filter of the command agent) over the same writable
 folders, which live in the machine's private host folder: the work directory, the agent's home,
-``/logs``, ``/tests`` and ``/solution``. ``/tmp`` is each instance's own size-limited tmpfs. The
+``/tmp``, ``/logs``, ``/tests`` and ``/solution``. The
 rest of the file system is the host's ``/usr`` and library folders, read-only, with a generated
 ``/etc/passwd`` (an ``agent`` user in the shell's instance, root only in root's) and nothing else
 of the host's ``/etc``. All instances join the machine's pids and memory cgroups, so the limits
@@ -37,9 +37,8 @@ from .machine import AGENT_UID, Machine, MachineSpec, base_env
 from .seccomp import build_filter
 from .terminal import SHELL_ARGV, TerminalSession
 
-STANDARD_WRITABLE = ("/logs", "/tests", "/solution")
+STANDARD_WRITABLE = ("/tmp", "/logs", "/tests", "/solution")
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "nsswitch.conf", "localtime")
-_TMP_MB = 256
 
 
 class BwrapMachine(Machine):
@@ -114,7 +113,7 @@ class BwrapMachine(Machine):
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         argv += ["--ro-bind", str(self.host_dir / "etc" / f"passwd-{who}"), "/etc/passwd",
                  "--ro-bind", str(self.host_dir / "etc" / f"group-{who}"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev", "--size", str(_TMP_MB * 2**20), "--tmpfs", "/tmp"]
+                 "--proc", "/proc", "--dev", "/dev"]
         for folder in self.writable:
             argv += ["--bind", str(self.host_path(folder)), folder]
         if seccomp_fd is not None:
@@ -223,11 +222,28 @@ class BwrapMachine(Machine):
         for process in list(self._instances):
             self._kill(process)
         if self.cgroup is not None:
-            for _ in range(100):
-                if not self.cgroup.task_count():
+            for _ in range(250):
+                if not self._live_members():
                     return
                 await asyncio.sleep(0.02)
-            raise SandboxError(f"{self.cgroup.task_count()} task(s) of the bwrap machine survived being killed")
+            raise SandboxError(f"processes {self._live_members()} of the bwrap machine survived being killed")
+
+    def _live_members(self) -> list[int]:
+        """Processes in the machine's cgroup that are not zombies (the dead wait for the host's init to reap them)."""
+        assert self.cgroup is not None
+        try:
+            pids = [int(pid) for pid in (self.cgroup.dirs[0] / "cgroup.procs").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            return []
+        live = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                live.append(pid)
+        return live
 
     def _kill(self, process: subprocess.Popen) -> None:
         """SIGKILL an instance (its PID namespace dies with it) and reap it."""

@@ -178,12 +178,15 @@ def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Seque
 
 
 def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "Dockerfile", base: str = BASE_TAG,
-                force: bool = False, progress: Progress | None = None) -> str:
+                force: bool = False, progress: Progress | None = None, timeout_s: float | None = None,
+                log_file: str | os.PathLike | None = None) -> str:
     """Build a task image from ``context_dir`` offline and return ``tag``.
 
-    Every ``FROM`` must name an image already on the engine (the base image is built when it is the
-    one named); ``RUN`` steps run without network. The image is labelled with a hash of the folder
-    and rebuilt only when that changed (or with ``force``).
+    Every ``FROM`` must name an image already on the engine (a declared base image is built when it
+    is the one named); ``RUN`` steps run without network. The image is labelled with a hash of the
+    folder and rebuilt only when that changed (or with ``force``). A build still running after
+    ``timeout_s`` is abandoned (the engine cancels it when the connection closes) with an
+    :class:`ImageBuildError`; ``log_file`` receives the whole build output.
     """
     say = progress or _log_progress
     _require_engine()
@@ -210,19 +213,37 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
     started = time.monotonic()
     say(f"building {tag} from {recipe} (offline)")
     tail: deque[str] = deque(maxlen=_LOG_TAIL)
+    log = open(log_file, "w", encoding="utf-8") if log_file else None  # noqa: SIM115 - closed below
+    stream = api.build(path=str(context), dockerfile=dockerfile, tag=tag, pull=False, rm=True, forcerm=True,
+                       network_mode="none", labels={IMAGE_LABEL: "task", CONTEXT_LABEL: digest}, decode=True,
+                       timeout=None if timeout_s is None else max(int(timeout_s), 1))
     try:
-        for chunk in api.build(path=str(context), dockerfile=dockerfile, tag=tag, pull=False, rm=True, forcerm=True,
-                               network_mode="none", labels={IMAGE_LABEL: "task", CONTEXT_LABEL: digest},
-                               decode=True):
+        for chunk in stream:
             if "error" in chunk or "errorDetail" in chunk:
                 detail = chunk.get("error") or chunk.get("errorDetail", {}).get("message", "")
+                if log:
+                    log.write(f"ERROR: {detail}\n")
                 raise ImageBuildError(f"building {tag} failed: {detail.strip()}\n" + "\n".join(tail))
             for line in str(chunk.get("stream") or chunk.get("status") or "").splitlines():
                 if line.strip():
                     tail.append(line)
                     say(f"  {line}")
+                    if log:
+                        log.write(line + "\n")
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                raise ImageBuildError(f"building {tag} took longer than its build timeout ({timeout_s:g} s)\n"
+                                      + "\n".join(tail))
     except docker.errors.APIError as exc:
         raise ImageBuildError(f"building {tag} failed: {exc}\n" + "\n".join(tail)) from exc
+    except OSError as exc:  # the HTTP read timed out: no output for timeout_s
+        raise ImageBuildError(f"building {tag} took longer than its build timeout ({timeout_s} s): {exc}\n"
+                              + "\n".join(tail)) from exc
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+        if log:
+            log.close()
     _known.add(tag)
     say(f"built {tag} in {time.monotonic() - started:.1f} s")
     return tag

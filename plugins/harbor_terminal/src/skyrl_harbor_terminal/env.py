@@ -1,0 +1,389 @@
+"""``harbor_terminal``: a Harbor task as a TextEnv: shell commands in the task's machine, its tests as reward.
+
+An episode: the prompt is the step's instruction and the action format (see :mod:`.actions`). The
+machine starts with the first action: the task image built once per process (docker), or its
+Dockerfile replayed on the host's tools (bwrap). Each command block runs in one persistent shell as
+the agent user; the observation is its output (head and tail past ``max_output_bytes``, with a
+note) and exit status, or that it was interrupted at ``command_timeout_s``. ``<done/>``, the turn
+limit or the agent's time (the total time its commands ran, so a slow model cannot time a task
+out) end the step; then the step's tests run (:mod:`.verifier`) and give its reward. A multi-step
+task then goes on with the next step's instruction in the same machine (unless a ``min_reward``
+stops it), and the episode's reward combines the steps' (``multi_step_reward_strategy``): it is
+paid on the last turn, every other turn's reward is 0. The machine is removed when the episode
+ends, whatever happened.
+
+An environment that cannot be built or started, or a machine that breaks, ends that episode with
+``info["error"]``; other episodes go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+from skyrl_core import StepResult, TextEnv
+from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
+from skyrl_sandbox.machine import Machine
+from skyrl_sandbox.terminal import CommandResult, TerminalSession
+
+from .actions import parse_action
+from .config import HarborTerminalConfig
+from .provision import Provisioner, Started, TaskEnvironmentError, provisioner
+from .task import HarborTask, Step, combine_rewards, load_task
+from .verifier import Verdict, verify
+
+log = logging.getLogger(__name__)
+
+BUILTIN_TASKS = Path(__file__).resolve().parent / "tasks"
+CLOSE_TIMEOUT_S = 60.0
+ACTION_FORMAT = """\
+You are in a Linux terminal as the user `{user}`, in {workdir}. Reply with shell commands in a ```bash code \
+block: they run in one persistent bash shell (cd and variables carry over), and you see their output and exit \
+status. A command that runs longer than {timeout:g} s is interrupted. When the task is done, reply with <done/>; \
+your work is then checked. You have {turns} replies."""
+
+
+@lru_cache(maxsize=4096)
+def cached_task(path: str) -> HarborTask:
+    return load_task(path)
+
+
+def task_rows(source: str | None) -> list[dict[str, Any]]:
+    """One row per task: its folder and name (a Parquet dataset is extracted first)."""
+    from .dataset import load_tasks
+
+    tasks = load_tasks(source or BUILTIN_TASKS)
+    return [{"task_path": str(task.path), "name": task.name, "steps": len(task.steps)} for task in tasks]
+
+
+class HarborTerminalEnv(TextEnv):
+    config_class: ClassVar[type[HarborTerminalConfig]] = HarborTerminalConfig
+    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    config: HarborTerminalConfig
+
+    def __init__(self, task: dict[str, Any] | None = None, config: Any = None) -> None:
+        super().__init__(task, config)
+        self._machine: Machine | None = None
+        self._provisioner: Provisioner | None = None
+        self._shell: TerminalSession | None = None
+        self._reset_episode()
+
+    # -- dataset ----------------------------------------------------------------------------------
+
+    @classmethod
+    def load_dataset(cls, split: str = "train", config: HarborTerminalConfig | None = None) -> Sequence[dict[str, Any]]:
+        """Every task of ``config.tasks`` (default: the built-in tasks), for any split."""
+        return task_rows(config.tasks if config else None)
+
+    # -- episodes ---------------------------------------------------------------------------------
+
+    def _reset_episode(self) -> None:
+        self.step_index = 0
+        self.step_rewards: list[float | None] = []
+        self.verdicts: list[Verdict] = []
+        self.agent_seconds = 0.0
+        self.oracle = False
+        self.ended = False
+        self.counters = {"commands": 0, "command_timeouts": 0, "shell_restarts": 0, "truncated_outputs": 0,
+                         "no_command_turns": 0, "refused_blocks": 0}
+        self.timings = {"build_s": 0.0, "start_s": 0.0, "wait_s": 0.0, "verify_s": 0.0}
+        self.container_error = False
+        self.final_reward: float | None = None
+
+    @property
+    def harbor_task(self) -> HarborTask:
+        path = self.task.get("task_path")
+        if not isinstance(path, str) or not path:
+            raise ValueError("harbor_terminal: the task row has no 'task_path' (a Harbor task folder)")
+        return cached_task(path)
+
+    @property
+    def current_step(self) -> Step:
+        return self.harbor_task.steps[self.step_index]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[list[dict[str, str]], dict[str, Any]]:
+        self._close_machine()
+        self._reset_episode()
+        messages, info = super().reset(seed=seed, options=options)
+        return messages, {**info, "task": self.harbor_task.name, "steps": len(self.harbor_task.steps)}
+
+    def build_prompt(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": self._step_prompt(self.current_step)}]
+
+    def _step_prompt(self, step: Step) -> str:
+        task = self.harbor_task
+        workdir = task.environment.workdir or "its working directory"
+        user = step.agent_user or self.config.agent_user
+        header = ACTION_FORMAT.format(user=user, workdir=workdir, timeout=self.config.command_timeout_s,
+                                      turns=self.config.max_turns)
+        if task.multi_step:
+            header += f"\n\nThis is step {self.step_index + 1} of {len(task.steps)} ({step.name})."
+        return f"{step.instruction.strip()}\n\n{header}"
+
+    def gold_actions(self) -> list[str] | None:
+        """The task's oracle: each step's ``solution/solve.sh``, run by the agent user in the shell.
+
+        Calling this arms oracle mode for the episode: the step's solution folder is placed at
+        ``/solution`` (read-only to the agent) before the step's first command.
+        """
+        task = self.harbor_task
+        if not all(step.solution_dir is not None for step in task.steps):
+            return None
+        self.oracle = True
+        exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in task.solution_env.items())
+        command = f"{exports + ' ' if exports else ''}bash /solution/solve.sh"
+        return [f"```bash\n{command}\n```\n<done/>" for _ in task.steps]
+
+    def take_action(self, action: str) -> StepResult:
+        return run_on_sandbox_loop_sync(self.atake_action(action))
+
+    async def atake_action(self, action: str) -> StepResult:
+        return await run_on_sandbox_loop(self._act(action))
+
+    async def astep(self, action: str) -> StepResult:
+        result = await super().astep(action)
+        return await run_on_sandbox_loop(self._settle(result))
+
+    def step(self, action: str) -> StepResult:
+        return run_on_sandbox_loop_sync(self._settle(super().step(action)))
+
+    async def _settle(self, result: StepResult) -> StepResult:
+        """An episode that ended without its tests (the turn limit after a refused reply) still gets them."""
+        if not (result.terminated or result.truncated) or self.ended or "error" in result.info:
+            return result
+        try:
+            reward, info = await self._finish("turn_limit")
+        except Exception as exc:  # noqa: BLE001 - reported like any env failure
+            return self._error_result(exc)
+        return StepResult(result.observation, result.reward + reward, result.terminated, True,
+                          {**result.info, **info})
+
+    async def _act(self, action: str) -> StepResult:
+        try:
+            return await self._act_inner(action)
+        except Exception as exc:  # noqa: BLE001 - this episode ends; the batch goes on
+            return self._error_result(exc)
+
+    async def _act_inner(self, action: str) -> StepResult:
+        parsed = parse_action(action)
+        limit = self._agent_timeout()
+        notes: list[str] = []
+        blocks = parsed.commands
+        if len(blocks) > self.config.max_commands_per_turn:
+            self.counters["refused_blocks"] += len(blocks) - self.config.max_commands_per_turn
+            notes.append(f"[only the first {self.config.max_commands_per_turn} command blocks ran]")
+            blocks = blocks[:self.config.max_commands_per_turn]
+        outputs: list[str] = []
+        if blocks:
+            shell = await self._ensure_shell()
+            for block in blocks:
+                left = limit - self.agent_seconds
+                if left <= 0:
+                    notes.append("[the agent's time for this task ran out; remaining commands were not run]")
+                    break
+                result = await shell.run(block, min(self.config.command_timeout_s, left))
+                self.agent_seconds += result.duration_s
+                outputs.append(self._describe(block, result))
+        else:
+            self.counters["no_command_turns"] += 1
+            if not parsed.done:
+                notes.append("No commands found. Put shell commands in a ```bash code block, or reply with <done/> "
+                             "when the task is finished.")
+        if parsed.other_blocks:
+            notes.append(f"[{parsed.other_blocks} code block(s) in another language were not run; use ```bash]")
+        observation = "\n\n".join(outputs + notes)
+        out_of_time = self.agent_seconds >= limit
+        if parsed.done or out_of_time:
+            reason = "done" if parsed.done else "agent_timeout"
+            return await self._end_step(observation, reason)
+        if self.turn >= self.max_turns:
+            reward, info = await self._finish("turn_limit")
+            return StepResult([{"role": "user", "content": observation}], reward, False, True, info)
+        return StepResult([{"role": "user", "content": observation}], 0.0, False, False, {})
+
+    async def _end_step(self, observation: str, reason: str) -> StepResult:
+        task = self.harbor_task
+        step = self.current_step
+        verdict = await self._verify_step()
+        last = self.step_index == len(task.steps) - 1
+        below = step.min_reward is not None and verdict.reward < step.min_reward
+        if last or below or reason == "agent_timeout" or self.turn >= self.max_turns:
+            reward, info = await self._finish(reason, verified=True)
+            truncated = reason != "done" or (not last and not below)
+            return StepResult([{"role": "user", "content": observation}] if observation else [], reward,
+                              not truncated, truncated, info)
+        self.step_index += 1
+        await self._start_step()
+        text = f"{observation}\n\n" if observation else ""
+        text += f"Step {self.step_index} is complete. Next:\n\n{self._step_prompt(self.current_step)}"
+        return StepResult([{"role": "user", "content": text}], 0.0, False, False,
+                          {"step_reward": verdict.reward, "step": step.name})
+
+    async def _verify_step(self) -> Verdict:
+        machine = await self._ensure_machine()
+        self._shell = None  # verification kills it
+        step = self.current_step
+        timeout = self.config.verifier_timeout_s or step.verifier_timeout_sec
+        verdict = await verify(machine, self.harbor_task, step, timeout)
+        self.verdicts.append(verdict)
+        self.step_rewards.append(verdict.reward)
+        self.timings["verify_s"] += verdict.duration_s
+        return verdict
+
+    async def _finish(self, reason: str, verified: bool = False) -> tuple[float, dict[str, Any]]:
+        """Verify the current step unless done, combine the rewards, remove the machine."""
+        task = self.harbor_task
+        try:
+            if not verified and self._machine is not None:
+                await self._verify_step()
+            reward = combine_rewards(task.reward_strategy, self.step_rewards,
+                                     [step.contributes_to_reward for step in task.steps])
+            self.final_reward = reward
+        finally:
+            self.ended = True
+            await self._release_machine()
+        last = self.verdicts[-1] if self.verdicts else None
+        info: dict[str, Any] = {"end_reason": reason, "task": task.name, "step_rewards": list(self.step_rewards)}
+        if last is None:
+            info["reward_problem"] = "no command ever ran: the task's tests were not run"
+        else:
+            info.update(reward_source=last.source, verifier_exit_code=last.exit_code,
+                        verifier_output_tail=last.output_tail[-1000:])
+            if last.problem:
+                info["reward_problem"] = last.problem
+        return reward, info
+
+    async def _ensure_machine(self) -> Machine:
+        if self._machine is not None:
+            return self._machine
+        task = self.harbor_task
+        self._provisioner = provisioner(self.config)
+        backend = resolve_backend(self.config.backend, task)
+        try:
+            started: Started = await self._provisioner.start(task, self.config, backend)
+        except Exception:
+            self._provisioner = None
+            self.container_error = True
+            raise
+        self._machine = started.machine
+        self.timings.update(build_s=started.build_s, start_s=started.start_s, wait_s=started.wait_s)
+        for warning in started.warnings:
+            log.info("task %s: %s", task.name, warning)
+        await self._start_step()
+        return self._machine
+
+    async def _start_step(self) -> None:
+        assert self._machine is not None
+        step = self.current_step
+        if step.setup_script is not None:
+            await self._machine.put_files("/skyrl-setup", {"setup.sh": step.setup_script.read_bytes()})
+            result = await self._machine.exec(["bash", "/skyrl-setup/setup.sh"], timeout_s=120)
+            await self._machine.exec(["rm", "-rf", "/skyrl-setup"], cwd="/")
+            if not result.ok:
+                raise TaskEnvironmentError(f"task {self.harbor_task.name}: setup of step {step.name} failed "
+                                           f"(exit {result.exit_code}): {result.stderr.decode(errors='replace')[-800:]}")
+        if self.oracle:
+            await self._machine.put_files("/solution", self.harbor_task.solution_files(step))
+
+    async def _ensure_shell(self) -> TerminalSession:
+        machine = await self._ensure_machine()
+        if self._shell is None:
+            self._shell = await machine.open_shell(max_output_bytes=self.config.max_output_bytes)
+        return self._shell
+
+    def _describe(self, block: str, result: CommandResult) -> str:
+        self.counters["commands"] += 1
+        lines = [result.output] if result.output else []
+        if result.omitted_bytes:
+            self.counters["truncated_outputs"] += 1
+        if result.timed_out:
+            self.counters["command_timeouts"] += 1
+            lines.append(f"[interrupted: the command ran longer than {self.config.command_timeout_s:g} s]")
+        elif result.exit_code is not None:
+            lines.append(f"[exit status {result.exit_code}]")
+        if result.shell_restarted:
+            self.counters["shell_restarts"] += 1
+            lines.append("[the shell exited or could not be interrupted and was started again: the working "
+                         "directory, variables and background jobs were reset]")
+        first = block.strip().splitlines()[0] if block.strip() else ""
+        head = f"$ {first}" + (" ..." if block.strip().count("\n") else "")
+        return "\n".join([head, *lines])
+
+    def _agent_timeout(self) -> float:
+        return self.config.agent_timeout_s or self.current_step.agent_timeout_sec
+
+    def _error_result(self, exc: BaseException) -> StepResult:
+        self.ended = True
+        self.container_error = True
+        self._close_machine_soon()
+        return StepResult([], 0.0, False, True, {"error": f"{type(exc).__name__}: {exc}",
+                                                 "task": self.task.get("name")})
+
+    # -- metrics and cleanup ------------------------------------------------------------------------
+
+    def get_metrics(self) -> dict[str, float]:
+        return {**{k: float(v) for k, v in self.counters.items()}, **self.timings,
+                "passed": float((self.final_reward or 0.0) >= 1.0), "steps_verified": float(len(self.verdicts)),
+                "agent_command_s": self.agent_seconds, "container_errors": float(self.container_error),
+                "verifier_timeouts": float(sum(v.timed_out for v in self.verdicts)),
+                "reward_file_missing": float(sum(v.source is None for v in self.verdicts))}
+
+    async def _release_machine(self) -> None:
+        machine, self._machine = self._machine, None
+        self._shell = None
+        holder, self._provisioner = self._provisioner, None
+        if machine is not None:
+            try:
+                await machine.close()
+            finally:
+                if holder is not None:
+                    holder.release()
+
+    def _close_machine_soon(self) -> None:
+        asyncio.ensure_future(self._release_machine())
+
+    def _close_machine(self) -> None:
+        if self._machine is None:
+            return
+        try:
+            run_on_sandbox_loop_sync(self._release_machine(), timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - machines are swept by label/owner when their owner is gone
+            log.warning("closing the task machine failed", exc_info=True)
+
+    def close(self) -> None:
+        self._close_machine()
+        super().close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the task and config only; a machine never travels."""
+        state = dict(self.__dict__)
+        state.update(_machine=None, _provisioner=None, _shell=None)
+        return state
+
+
+def resolve_backend(requested: str, task: HarborTask) -> str:
+    """docker or bwrap for ``task``; TaskEnvironmentError when neither can run it here."""
+    if requested != "auto":
+        return requested
+    problem = _docker_problem()
+    if problem is None:
+        return "docker"
+    if task.environment.base_packages_only:
+        return "bwrap"
+    raise TaskEnvironmentError(f"task {task.name} needs Docker and {problem}; start an engine (scripts/setup.sh does) "
+                               "or give the task [metadata.skyrl] base_packages_only = true if the host's tools suffice")
+
+
+@lru_cache(maxsize=1)
+def _docker_problem() -> str | None:
+    from skyrl_sandbox.images import base_image_unavailable
+
+    return base_image_unavailable()
+
+

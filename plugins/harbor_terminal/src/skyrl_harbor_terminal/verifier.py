@@ -1,0 +1,97 @@
+"""Run a step's tests in the machine and read the reward, the way Harbor's verifier does.
+
+Before the tests arrive, every process of the agent is killed and ``/tests``, ``/logs/verifier``
+and ``/solution`` are emptied: whatever the agent wrote there (a reward file, a fake test) is gone,
+and nothing it started can rewrite results while the tests run. ``tests/`` is copied to ``/tests``
+only now, and ``bash /tests/test.sh`` runs as the task's verifier user (root unless the task says
+otherwise) with the base environment plus the task's verifier ``env``, never the agent shell's.
+Processes the tests leave are killed before the reward file is read (as root, without following a
+symlink). ``reward.txt`` holds one number; ``reward.json`` an object whose ``reward`` (or only)
+value is a number. A missing or malformed reward gives 0 and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+
+from skyrl_sandbox.machine import Machine
+
+from .task import HarborTask, Step
+
+_PREPARE = ("mkdir -p /tests /logs/verifier /solution && "
+            "find /tests /logs/verifier /solution -mindepth 1 -delete && chmod 755 /tests /logs /logs/verifier")
+_OUTPUT_TAIL = 4000
+_MAX_REWARD_FILE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one verification."""
+
+    reward: float
+    source: str | None  # "reward.txt" or "reward.json"; None when no reward could be read
+    problem: str | None  # why the reward is 0 or was changed, in words
+    exit_code: int | None
+    timed_out: bool
+    output_tail: str
+    duration_s: float
+
+
+async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: float) -> Verdict:
+    started = time.monotonic()
+    await machine.kill_processes()
+    prepared = await machine.exec(["sh", "-c", _PREPARE], cwd="/", timeout_s=60)
+    if not prepared.ok:
+        raise RuntimeError(f"could not prepare /tests and /logs/verifier: {prepared.stderr.decode(errors='replace')}")
+    user = step.verifier_user or "root"
+    if user not in ("root", "0"):
+        await machine.exec(["chown", user, "/logs/verifier"], cwd="/", timeout_s=30)
+    await machine.put_files("/tests", task.test_files(step))
+    result = await machine.exec(["bash", "/tests/test.sh"], user=user, env=step.verifier_env, timeout_s=timeout_s,
+                                max_output_bytes=_OUTPUT_TAIL * 4)
+    await machine.kill_processes()
+    reward_txt = await machine.read_file("/logs/verifier/reward.txt", _MAX_REWARD_FILE)
+    reward_json = None if reward_txt is not None else await machine.read_file("/logs/verifier/reward.json",
+                                                                               _MAX_REWARD_FILE)
+    reward, source, problem = parse_reward(reward_txt, reward_json)
+    if result.timed_out:
+        problem = f"the tests ran past their timeout ({timeout_s:g} s) and were killed" + (
+            f"; {problem}" if problem else "")
+    output = (result.stdout + result.stderr).decode("utf-8", "replace")
+    return Verdict(reward, source, problem, result.exit_code, result.timed_out, output[-_OUTPUT_TAIL:],
+                   time.monotonic() - started)
+
+
+def parse_reward(reward_txt: bytes | None, reward_json: bytes | None) -> tuple[float, str | None, str | None]:
+    """(reward in [0, 1], the file it came from, a problem in words or None)."""
+    if reward_txt is not None:
+        text = reward_txt.decode("utf-8", "replace").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            return 0.0, None, f"/logs/verifier/reward.txt does not hold a number: {text[:80]!r}"
+        return _bounded(value, "reward.txt")
+    if reward_json is not None:
+        try:
+            data = json.loads(reward_json)
+        except ValueError as exc:
+            return 0.0, None, f"/logs/verifier/reward.json is not JSON: {exc}"
+        if isinstance(data, dict):
+            value = data.get("reward", next(iter(data.values())) if len(data) == 1 else None)
+        else:
+            value = data
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return 0.0, None, "/logs/verifier/reward.json has no numeric 'reward' (nor a single numeric value)"
+        return _bounded(float(value), "reward.json")
+    return 0.0, None, "the tests wrote no /logs/verifier/reward.txt or reward.json"
+
+
+def _bounded(value: float, source: str) -> tuple[float, str | None, str | None]:
+    if not math.isfinite(value):
+        return 0.0, None, f"{source} holds {value}, not a finite number"
+    if value < 0.0 or value > 1.0:
+        return min(max(value, 0.0), 1.0), source, f"{source} holds {value:g}, clipped to [0, 1]"
+    return value, source, None
