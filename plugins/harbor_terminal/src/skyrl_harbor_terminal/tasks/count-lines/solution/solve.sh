@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < /app/data/names.txt > /app/count.txt

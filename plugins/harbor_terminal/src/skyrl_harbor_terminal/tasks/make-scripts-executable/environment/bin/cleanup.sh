@@ -1,0 +1,2 @@
+#!/bin/bash
+find /app/tmp -type f -name "*.tmp" -delete

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p /app/project/bin /app/project/data
+cp /app/input/*.txt /app/project/data/

@@ -1,0 +1,12 @@
+#!/bin/bash
+# Step 1 verifier (runs as root after the agent). Agent files are only read as data.
+REWARD=/logs/verifier/reward.txt
+echo 0 > "$REWARD"
+fail() { echo "FAIL: $*"; exit 0; }
+cd / || exit 0
+
+[ -d /app/project/bin ] && [ ! -L /app/project/bin ] || fail "/app/project/bin is not a directory"
+timeout 20 python3 -I /tests/check.py || fail "/app/project/data does not hold exactly the three .txt files"
+
+echo PASS
+echo 1 > "$REWARD"
