@@ -112,7 +112,7 @@ class DockerMachine(Machine):
                    cwd: str | None = None, stdin: bytes = b"", timeout_s: float = 60.0,
                    max_output_bytes: int = 64 * 1024) -> RunResult:
         home = "/root" if user in ("root", "0") else (self.agent_home if user == self.spec.agent_user else "/")
-        environment = {**base_env(self.spec, user, home), **(env or {})}
+        environment = {**_image_env(self.spec, user, home), **(env or {})}
         async with self._lock:
             result = await asyncio.to_thread(_exec, self.api, self.container_id, argv, user, environment,
                                              cwd or self.spec.workdir, stdin, timeout_s, max_output_bytes)
@@ -141,7 +141,7 @@ class DockerMachine(Machine):
     async def open_shell(self, *, env: Mapping[str, str] | None = None,
                          max_output_bytes: int = 16 * 1024) -> TerminalSession:
         user = self.spec.agent_user
-        environment = {**base_env(self.spec, user, self.agent_home), **(env or {})}
+        environment = {**_image_env(self.spec, user, self.agent_home), **(env or {})}
 
         async def open_transport() -> _ExecTerminal:
             raw = await asyncio.to_thread(_open_tty_exec, self.api, self.container_id, user, environment,
@@ -217,6 +217,13 @@ class _ExecTerminal:
                 await self.machine._kill_shell_tree()
             except Exception:  # noqa: BLE001 - kill_processes() and close() sweep again
                 log.debug("could not kill a closed shell's processes", exc_info=True)
+
+
+def _image_env(spec: MachineSpec, user: str, home: str) -> dict[str, str]:
+    """The base environment without PATH: the image's own PATH (from its Dockerfile) stands."""
+    environment = base_env(spec, user, home)
+    del environment["PATH"]
+    return {**environment, **spec.env}
 
 
 def _create(spec: MachineSpec) -> tuple[Any, str, list[str]]:

@@ -4,7 +4,8 @@ Before the tests arrive, every process of the agent is killed and ``/tests``, ``
 and ``/solution`` are emptied: whatever the agent wrote there (a reward file, a fake test) is gone,
 and nothing it started can rewrite results while the tests run. ``tests/`` is copied to ``/tests``
 only now, and ``bash /tests/test.sh`` runs as the task's verifier user (root unless the task says
-otherwise) with the base environment plus the task's verifier ``env``, never the agent shell's.
+otherwise) with the base environment plus the task's verifier ``env``, never the agent shell's, and a
+private ``TMPDIR``.
 Processes the tests leave are killed before the reward file is read (as root, without following a
 symlink). ``reward.txt`` holds one number; ``reward.json`` an object whose ``reward`` (or only)
 value is a number. A missing or malformed reward gives 0 and says why.
@@ -21,8 +22,12 @@ from skyrl_sandbox.machine import Machine
 
 from .task import HarborTask, Step
 
+# TMPDIR of the tests: a fresh /tmp-like folder holding nothing of the agent's (what it left in /tmp could be
+# symlinks that a root test writing there would follow).
+VERIFIER_TMP = "/logs/.verifier-tmp"
 _PREPARE = ("mkdir -p /tests /logs/verifier /solution && "
-            "find /tests /logs/verifier /solution -mindepth 1 -delete && chmod 755 /tests /logs /logs/verifier")
+            "find /tests /logs/verifier /solution -mindepth 1 -delete && chmod 755 /tests /logs /logs/verifier && "
+            f"rm -rf {VERIFIER_TMP} && mkdir -m 1777 {VERIFIER_TMP}")
 _OUTPUT_TAIL = 4000
 _MAX_REWARD_FILE = 64 * 1024
 
@@ -48,9 +53,10 @@ async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: floa
         raise RuntimeError(f"could not prepare /tests and /logs/verifier: {prepared.stderr.decode(errors='replace')}")
     user = step.verifier_user or "root"
     if user not in ("root", "0"):
-        await machine.exec(["chown", user, "/logs/verifier"], cwd="/", timeout_s=30)
+        await machine.exec(["chown", user, "/logs/verifier", VERIFIER_TMP], cwd="/", timeout_s=30)
     await machine.put_files("/tests", task.test_files(step))
-    result = await machine.exec(["bash", "/tests/test.sh"], user=user, env=step.verifier_env, timeout_s=timeout_s,
+    result = await machine.exec(["bash", "/tests/test.sh"], user=user, env={"TMPDIR": VERIFIER_TMP, **step.verifier_env},
+                                timeout_s=timeout_s,
                                 max_output_bytes=_OUTPUT_TAIL * 4)
     await machine.kill_processes()
     reward_txt = await machine.read_file("/logs/verifier/reward.txt", _MAX_REWARD_FILE)
