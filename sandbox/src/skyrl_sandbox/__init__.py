@@ -2,7 +2,9 @@
 
 One backend vocabulary (``bwrap``, ``docker``, ``subprocess``, ``auto``), one probe, one error
 hierarchy; worker processes that speak length-prefixed, size-capped JSON frames; warm pools;
-cgroups, rlimits and a seccomp filter; cleanup on close, at exit and after the owner was killed.
+cgroups, rlimits and a seccomp filter; cleanup on close, at exit and after the owner was killed;
+whole machines (a container, or bwrap over the host's tools) with a persistent terminal shell for
+agents that work in Linux.
 Standard library only at import time (the ``docker`` SDK is an optional extra, loaded on use).
 """
 
@@ -10,7 +12,8 @@ from .backends import BACKENDS, REQUIRE_ENV, backend_problem, resolve_backend
 from .errors import BackendUnavailable, ProtocolViolation, SandboxError, WorkerGone
 from .launch import WorkerProgram
 from .limits import Limits
+from .machine import Machine, MachineSpec, start_machine
 from .pool import WorkerPool
 
-__all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "Limits", "ProtocolViolation", "SandboxError",
-           "WorkerGone", "WorkerPool", "WorkerProgram", "backend_problem", "resolve_backend"]
+__all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "Limits", "Machine", "MachineSpec", "ProtocolViolation", "SandboxError",
+           "WorkerGone", "WorkerPool", "WorkerProgram", "backend_problem", "resolve_backend", "start_machine"]
