@@ -19,8 +19,8 @@ class HarborTerminalConfig(EnvConfig):
                             "declaring [metadata.skyrl] base_packages_only; auto: docker when an engine answers.")
     command_timeout_s: float = Field(30.0, gt=0, description="Each command block is interrupted (Ctrl-C, then "
                                                              "killed) after this long.")
-    agent_timeout_s: float | None = Field(None, gt=0, description="Total time the agent's commands may run; default: "
-                                                                  "the task's [agent] timeout_sec.")
+    agent_timeout_s: float | None = Field(None, gt=0, description="Time the agent's commands may run per step; "
+                                                                  "default: the step's [agent] timeout_sec.")
     verifier_timeout_s: float | None = Field(None, gt=0, description="Default: the task's [verifier] timeout_sec.")
     max_output_bytes: int = Field(8192, ge=256, description="Output kept per command block (head and tail).")
     max_commands_per_turn: int = Field(8, ge=1, description="Command blocks run per action; more are refused.")

@@ -86,7 +86,8 @@ class HarborTerminalEnv(TextEnv):
         self.step_index = 0
         self.step_rewards: list[float | None] = []
         self.verdicts: list[Verdict] = []
-        self.agent_seconds = 0.0
+        self.agent_seconds = 0.0  # the commands' time in this step
+        self.total_agent_seconds = 0.0
         self.oracle = False
         self.ended = False
         self.counters = {"commands": 0, "command_timeouts": 0, "shell_restarts": 0, "truncated_outputs": 0,
@@ -119,7 +120,7 @@ class HarborTerminalEnv(TextEnv):
     def _step_prompt(self, step: Step) -> str:
         task = self.harbor_task
         workdir = task.environment.workdir or "its working directory"
-        user = step.agent_user or self.config.agent_user
+        user = task.steps[0].agent_user or self.config.agent_user  # the machine's (see provision.Provisioner)
         header = ACTION_FORMAT.format(user=user, workdir=workdir, timeout=self.config.command_timeout_s,
                                       turns=self.config.max_turns)
         if task.multi_step:
@@ -189,6 +190,7 @@ class HarborTerminalEnv(TextEnv):
                     break
                 result = await shell.run(block, min(self.config.command_timeout_s, left))
                 self.agent_seconds += result.duration_s
+                self.total_agent_seconds += result.duration_s
                 outputs.append(self._describe(block, result))
         else:
             self.counters["no_command_turns"] += 1
@@ -219,6 +221,7 @@ class HarborTerminalEnv(TextEnv):
             return StepResult([{"role": "user", "content": observation}] if observation else [], reward,
                               not truncated, truncated, info)
         self.step_index += 1
+        self.agent_seconds = 0.0
         await self._start_step()
         text = f"{observation}\n\n" if observation else ""
         text += f"Step {self.step_index} is complete. Next:\n\n{self._step_prompt(self.current_step)}"
@@ -330,7 +333,7 @@ class HarborTerminalEnv(TextEnv):
     def get_metrics(self) -> dict[str, float]:
         return {**{k: float(v) for k, v in self.counters.items()}, **self.timings,
                 "passed": float((self.final_reward or 0.0) >= 1.0), "steps_verified": float(len(self.verdicts)),
-                "agent_command_s": self.agent_seconds, "container_errors": float(self.container_error),
+                "agent_command_s": self.total_agent_seconds, "container_errors": float(self.container_error),
                 "verifier_timeouts": float(sum(v.timed_out for v in self.verdicts)),
                 "reward_file_missing": float(sum(v.source is None for v in self.verdicts))}
 
