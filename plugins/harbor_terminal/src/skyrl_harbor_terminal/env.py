@@ -18,7 +18,6 @@ An environment that cannot be built or started, or a machine that breaks, ends t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shlex
 from collections.abc import Sequence
@@ -161,7 +160,7 @@ class HarborTerminalEnv(TextEnv):
         try:
             reward, info = await self._finish("turn_limit")
         except Exception as exc:  # noqa: BLE001 - reported like any env failure
-            return self._error_result(exc)
+            return await self._error_result(exc)
         return StepResult(result.observation, result.reward + reward, result.terminated, True,
                           {**result.info, **info})
 
@@ -169,7 +168,7 @@ class HarborTerminalEnv(TextEnv):
         try:
             return await self._act_inner(action)
         except Exception as exc:  # noqa: BLE001 - this episode ends; the batch goes on
-            return self._error_result(exc)
+            return await self._error_result(exc)
 
     async def _act_inner(self, action: str) -> StepResult:
         parsed = parse_action(action)
@@ -191,7 +190,7 @@ class HarborTerminalEnv(TextEnv):
                 result = await shell.run(block, min(self.config.command_timeout_s, left))
                 self.agent_seconds += result.duration_s
                 self.total_agent_seconds += result.duration_s
-                outputs.append(self._describe(block, result))
+                outputs.append(self._describe(block, result, cut_by_agent_time=left < self.config.command_timeout_s))
         else:
             self.counters["no_command_turns"] += 1
             if not parsed.done:
@@ -300,14 +299,16 @@ class HarborTerminalEnv(TextEnv):
             self._shell = await machine.open_shell(max_output_bytes=self.config.max_output_bytes)
         return self._shell
 
-    def _describe(self, block: str, result: CommandResult) -> str:
+    def _describe(self, block: str, result: CommandResult, cut_by_agent_time: bool = False) -> str:
         self.counters["commands"] += 1
         lines = [result.output] if result.output else []
         if result.omitted_bytes:
             self.counters["truncated_outputs"] += 1
         if result.timed_out:
             self.counters["command_timeouts"] += 1
-            lines.append(f"[interrupted: the command ran longer than {self.config.command_timeout_s:g} s]")
+            lines.append(f"[interrupted: the agent's time for this task ({self._agent_timeout():g} s) ran out]"
+                         if cut_by_agent_time else
+                         f"[interrupted: the command ran longer than {self.config.command_timeout_s:g} s]")
         elif result.exit_code is not None:
             lines.append(f"[exit status {result.exit_code}]")
         if result.shell_restarted:
@@ -321,10 +322,14 @@ class HarborTerminalEnv(TextEnv):
     def _agent_timeout(self) -> float:
         return self.config.agent_timeout_s or self.current_step.agent_timeout_sec
 
-    def _error_result(self, exc: BaseException) -> StepResult:
+    async def _error_result(self, exc: BaseException) -> StepResult:
+        """The episode ends with ``info["error"]``; its machine is removed before the result is returned."""
         self.ended = True
         self.container_error = True
-        self._close_machine_soon()
+        try:
+            await self._release_machine()
+        except Exception:  # noqa: BLE001 - machines are swept by label/owner when their owner is gone
+            log.warning("removing the task machine failed", exc_info=True)
         return StepResult([], 0.0, False, True, {"error": f"{type(exc).__name__}: {exc}",
                                                  "task": self.task.get("name")})
 
@@ -347,9 +352,6 @@ class HarborTerminalEnv(TextEnv):
             finally:
                 if holder is not None:
                     holder.release()
-
-    def _close_machine_soon(self) -> None:
-        asyncio.ensure_future(self._release_machine())
 
     def _close_machine(self) -> None:
         if self._machine is None:
