@@ -63,8 +63,9 @@ async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: floa
     reward_json = None if reward_txt is not None else await machine.read_file("/logs/verifier/reward.json",
                                                                                _MAX_REWARD_FILE)
     reward, source, problem = parse_reward(reward_txt, reward_json)
-    if result.timed_out:
-        problem = f"the tests ran past their timeout ({timeout_s:g} s) and were killed" + (
+    if result.timed_out:  # unfinished tests pass nothing, whatever reward they wrote before they were killed
+        reward, source = 0.0, None
+        problem = f"the tests ran past their timeout ({timeout_s:g} s) and were killed: reward 0" + (
             f"; {problem}" if problem else "")
     output = (result.stdout + result.stderr).decode("utf-8", "replace")
     return Verdict(reward, source, problem, result.exit_code, result.timed_out, output[-_OUTPUT_TAIL:],
