@@ -98,6 +98,30 @@ class BwrapMachine(Machine):
                 return self.host_dir / "fs" / normal.lstrip("/")
         raise SandboxError(f"{path} is outside the bwrap machine's writable folders ({', '.join(self.writable)})")
 
+    def _open_folder(self, path: str, create: bool) -> tuple[int, str]:
+        """The folder holding ``path`` (opened) and its last name, reached without following a symlink: the
+        agent's symlinks point into the host's file system here, not the machine's (SandboxError on one)."""
+        self.host_path(path)
+        *folders, leaf = posixpath.normpath(path).lstrip("/").split("/")
+        fd = os.open(self.host_dir / "fs", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name in folders:
+                if create:
+                    try:
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                try:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as exc:
+                    raise SandboxError(f"{path}: /{name} on the way is not a folder of the machine ({exc})") from exc
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, leaf
+
     def _argv(self, as_agent: bool, cwd: str, seccomp_fd: int | None) -> list[str]:
         uid = AGENT_UID if as_agent and not self.spec.agent_is_root else 0
         who = "agent" if as_agent else "root"
@@ -113,7 +137,11 @@ class BwrapMachine(Machine):
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         argv += ["--ro-bind", str(self.host_dir / "etc" / f"passwd-{who}"), "/etc/passwd",
                  "--ro-bind", str(self.host_dir / "etc" / f"group-{who}"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev"]
+                 "--proc", "/proc", "--dev", "/dev",
+                 # The sandbox's uids map to the host's root, and sysctls check the uid, not a capability:
+                 # writable, /proc/sys would let the agent set e.g. kernel.core_pattern (a program the host's
+                 # kernel runs as root). bwrap covers it only when the folder itself is writable; it is not.
+                 "--ro-bind", "/proc/sys", "/proc/sys"]
         for folder in self.writable:
             argv += ["--bind", str(self.host_path(folder)), folder]
         if seccomp_fd is not None:
@@ -170,30 +198,43 @@ class BwrapMachine(Machine):
                          stderr_truncated=dropped[1] > 0, timed_out=timed_out, duration_s=time.monotonic() - started)
 
     async def put_files(self, dest: str, files: Mapping[str, bytes], *, owner: str = "root") -> None:
-        base = self.host_path(dest)
+        self.host_path(dest)
         for name, data in files.items():
             relative = posixpath.normpath(name)
             if relative.startswith(("/", "..")) or relative == ".":
                 raise SandboxError(f"file name {name!r} must be relative and stay inside the destination")
-            target = base / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.is_symlink():
-                target.unlink()
-            target.write_bytes(data)
-            target.chmod(0o755 if data.startswith(b"#!") else 0o644)
+            folder, leaf = self._open_folder(posixpath.join(dest, relative), create=True)
+            try:
+                try:
+                    if os.path.stat.S_ISLNK(os.lstat(leaf, dir_fd=folder).st_mode):
+                        os.unlink(leaf, dir_fd=folder)
+                except FileNotFoundError:
+                    pass
+                fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644,
+                             dir_fd=folder)
+            except OSError as exc:
+                raise SandboxError(f"cannot write {posixpath.join(dest, relative)}: {exc}") from exc
+            finally:
+                os.close(folder)
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(handle.fileno(), 0o755 if data.startswith(b"#!") else 0o644)
+                handle.write(data)
 
     async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes | None:
         try:
-            host = self.host_path(path)
-        except SandboxError:
+            folder, leaf = self._open_folder(path, create=False)
+        except (SandboxError, OSError):
             return None
         try:
-            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
         except OSError:
             return None
+        finally:
+            os.close(folder)
+        if not os.path.stat.S_ISREG(os.fstat(fd).st_mode):  # a folder (fdopen would raise), a FIFO, a device
+            os.close(fd)
+            return None
         with os.fdopen(fd, "rb") as handle:
-            if not os.path.stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                return None
             return handle.read(max_bytes)
 
     async def open_shell(self, *, env: Mapping[str, str] | None = None,

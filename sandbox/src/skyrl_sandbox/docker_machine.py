@@ -131,10 +131,11 @@ class DockerMachine(Machine):
         await asyncio.to_thread(self.api.put_archive, self.container_id, dest, archive)
 
     async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes | None:
-        # Root reads it; a symlink is not followed (cat -- on a test-only path would be), so the agent
-        # cannot point a reward file at something else.
-        script = 'f=$1; [ -f "$f" ] && [ ! -L "$f" ] || exit 3; head -c "$2" -- "$f"'
-        result = await self.exec(["sh", "-c", script, "read", path, str(max_bytes)], timeout_s=30,
+        # Root reads it; a symlink is not followed, neither the file nor a folder on the way (cat -- on a
+        # test-only path would), so the agent cannot point a reward file at something else.
+        script = ('f=$1; d=${f%/*}; d=${d:-/}; cd -P -- "$d" 2>/dev/null && [ "$(pwd -P)" = "$d" ] && [ -f "$f" ] && '
+                  '[ ! -L "$f" ] || exit 3; head -c "$2" -- "$f"')
+        result = await self.exec(["sh", "-c", script, "read", posixpath.normpath(path), str(max_bytes)], timeout_s=30,
                                  max_output_bytes=max_bytes)
         return result.stdout if result.exit_code == 0 else None
 

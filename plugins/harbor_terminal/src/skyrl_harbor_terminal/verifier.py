@@ -25,7 +25,12 @@ from .task import HarborTask, Step
 # TMPDIR of the tests: a fresh /tmp-like folder holding nothing of the agent's (what it left in /tmp could be
 # symlinks that a root test writing there would follow).
 VERIFIER_TMP = "/logs/.verifier-tmp"
-_PREPARE = ("mkdir -p /tests /logs/verifier /solution && "
+# First undo what an agent that owns these folders (bwrap) can do to them: a symlink or file in place of a
+# folder, and modes that deny root without capabilities the deletion.
+_PREPARE = ("chmod u+rwx /logs 2>/dev/null; for d in /tests /logs/verifier /solution; do "
+            "if [ -L \"$d\" ] || { [ -e \"$d\" ] && [ ! -d \"$d\" ]; }; then rm -f \"$d\"; fi; done; "
+            f"chmod -R u+rwX /tests /logs/verifier /solution {VERIFIER_TMP} 2>/dev/null; "
+            "mkdir -p /tests /logs/verifier /solution && "
             "find /tests /logs/verifier /solution -mindepth 1 -delete && chmod 755 /tests /logs /logs/verifier && "
             f"rm -rf {VERIFIER_TMP} && mkdir -m 1777 {VERIFIER_TMP}")
 _OUTPUT_TAIL = 4000
