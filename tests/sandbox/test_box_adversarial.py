@@ -70,6 +70,16 @@ async def test_writing_outside_the_work_directory_fails(box, backend, target):
     assert not Path(path).exists()
 
 
+async def test_kernel_settings_under_proc_stay_read_only(box, backend):
+    """The sandbox's uid maps to the host's (root in CI): a writable /proc/sys would hand model code the host
+    (kernel.core_pattern names a program the kernel runs as root). The value written back is the one there."""
+    strong_only(backend)
+    script = "v=$(cat /proc/sys/kernel/core_pattern) && printf '%s\\n' \"$v\" > /proc/sys/kernel/core_pattern"
+    result = await box.run(["/bin/sh", "-c", script])
+    assert result.exit_code != 0
+    assert b"Read-only file system" in result.stderr or b"Permission denied" in result.stderr
+
+
 async def test_no_network_reaches_a_host_loopback_server(box, backend):
     strong_only(backend)
     server = socket.create_server(("127.0.0.1", 0))

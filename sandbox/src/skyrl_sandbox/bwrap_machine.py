@@ -137,11 +137,10 @@ class BwrapMachine(Machine):
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         argv += ["--ro-bind", str(self.host_dir / "etc" / f"passwd-{who}"), "/etc/passwd",
                  "--ro-bind", str(self.host_dir / "etc" / f"group-{who}"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev",
-                 # The sandbox's uids map to the host's root, and sysctls check the uid, not a capability:
-                 # writable, /proc/sys would let the agent set e.g. kernel.core_pattern (a program the host's
-                 # kernel runs as root). bwrap covers it only when the folder itself is writable; it is not.
-                 "--ro-bind", "/proc/sys", "/proc/sys"]
+                 # The sandbox's uids map to the host's uid (root, when the host runs as root), and /proc files
+                 # such as sysctls (kernel.core_pattern: a program the host kernel runs as root) or
+                 # sysrq-trigger check only that uid: /proc is read-only.
+                 "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
         for folder in self.writable:
             argv += ["--bind", str(self.host_path(folder)), folder]
         if seccomp_fd is not None:

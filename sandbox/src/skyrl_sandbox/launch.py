@@ -120,7 +120,9 @@ def plan_bwrap(program: WorkerProgram, host_dir: Path, limits: Limits) -> Launch
     prefix = os.path.realpath(sys.base_prefix)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
-    read_only = ["/dev", "/"]
+    # /proc too: the sandbox's uid maps to the host's, and /proc files (sysctls such as kernel.core_pattern,
+    # sysrq-trigger) check only the uid, so a host running as root would otherwise let model code write them.
+    read_only = ["/proc", "/dev", "/"]
     site_packages = os.path.join(os.path.dirname(os.__file__), "site-packages")
     if os.path.isdir(site_packages):
         argv += ["--tmpfs", site_packages]  # hide the base install's third-party packages

@@ -68,6 +68,8 @@ async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: floa
     reward_json = None if reward_txt is not None else await machine.read_file("/logs/verifier/reward.json",
                                                                                _MAX_REWARD_FILE)
     reward, source, problem = parse_reward(reward_txt, reward_json)
+    # The next step of a multi-step task must not see these tests or their results.
+    await machine.exec(["sh", "-c", _PREPARE], cwd="/", timeout_s=60)
     if result.timed_out:  # unfinished tests pass nothing, whatever reward they wrote before they were killed
         reward, source = 0.0, None
         problem = f"the tests ran past their timeout ({timeout_s:g} s) and were killed: reward 0" + (
