@@ -110,7 +110,10 @@ for repo in /app/repo /app/project; do
 done"""),
 }
 
-CASES = [pytest.param(trick, task, id=f"{trick}-{task}") for trick, (tasks, _) in TRICKS.items() for task in tasks]
+DOCKER_ONLY = {"fix-median-bug", "word-counter-project"}  # [metadata.skyrl] tests_run_agent_code
+CASES = [pytest.param(trick, task, backend, id=f"{backend}-{trick}-{task}")
+         for backend in ("docker", "bwrap") for trick, (tasks, _) in TRICKS.items() for task in tasks
+         if backend == "docker" or task not in DOCKER_ONLY]
 
 
 def honest_solve(task: str) -> str:
@@ -126,8 +129,11 @@ def final(results) -> tuple[float, dict]:
     return sum(result.reward for result in results), results[-1].info
 
 
-@pytest.mark.parametrize(("trick", "task"), CASES)
+@pytest.mark.parametrize(("trick", "task", "machine_backend"), CASES)
 def test_a_trick_scores_0_and_an_honest_solve_after_it_scores_1(trick: str, task: str, machine_backend: str):
+    from skyrl_sandbox.testing import require_backend
+
+    require_backend(machine_backend)
     row = builtin_row(task)
     attack = bash(PRELUDE, TRICKS[trick][1].strip())
     results, _ = play(row, [attack, "<done/>"], backend=machine_backend)
@@ -144,16 +150,10 @@ def test_a_trick_scores_0_and_an_honest_solve_after_it_scores_1(trick: str, task
 
 # --- tests that run the agent's own code ------------------------------------------------------------------
 
-BWRAP_RUNS_AGENT_CODE_AS_THE_VERIFIER = pytest.mark.xfail(
-    strict=True, reason="KNOWN HOLE (bwrap): a test that runs the agent's code 'as the agent' falls back to the "
-                        "verifier's own identity there (no `agent` in root's /etc/passwd, no capability to switch "
-                        "users, and one host uid behind both), so that code can write /logs/verifier/reward.txt; "
-                        "the task's test.sh must stop the agent's code and write the final reward itself")
-
-
 def agent_code_cases(task: str) -> list:
-    return [pytest.param(task, "docker", id=f"{task}-docker"),
-            pytest.param(task, "bwrap", id=f"{task}-bwrap", marks=BWRAP_RUNS_AGENT_CODE_AS_THE_VERIFIER)]
+    """Docker only: on bwrap the agent and the tests share one host user, so such tasks are refused there
+    (test_oracle.py::test_bwrap_refuses_a_task_whose_tests_run_the_agents_code)."""
+    return [pytest.param(task, "docker", id=f"{task}-docker")]
 
 
 MEDIAN_WRITER = f"""cat >> /app/stats.py <<'EOF'

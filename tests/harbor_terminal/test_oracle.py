@@ -1,6 +1,7 @@
 """Every built-in task is solvable and not free: its oracle scores exactly 1, an agent that does nothing scores 0.
 
-Docker runs every task; bwrap runs those whose task.toml declares ``base_packages_only = true``.
+Docker runs every task; bwrap runs those whose task.toml declares ``base_packages_only = true`` and not
+``tests_run_agent_code = true``.
 Parametrized by task name, so a broken task is named by the failing test.
 """
 
@@ -15,10 +16,15 @@ from skyrl_core import StepResult
 from skyrl_harbor_terminal.env import BUILTIN_TASKS, HarborTerminalEnv
 
 TASKS = sorted(path.name for path in BUILTIN_TASKS.iterdir() if (path / "task.toml").is_file())
+
+
+def skyrl_flags(name: str) -> dict:
+    return tomllib.loads((BUILTIN_TASKS / name / "task.toml").read_text()).get("metadata", {}).get("skyrl", {})
+
+
 BASE_ONLY = [name for name in TASKS
-             if tomllib.loads((BUILTIN_TASKS / name / "task.toml").read_text())
-             .get("metadata", {}).get("skyrl", {}).get("base_packages_only") is True]
-MULTI_STEP = "word-counter-project"
+             if skyrl_flags(name).get("base_packages_only") is True and not skyrl_flags(name).get("tests_run_agent_code")]
+MULTI_STEP = "word-counter-project"  # its second step's tests run the agent's script: Docker only
 
 
 def play_oracle(name: str, backend: str) -> tuple[float, dict]:
@@ -61,7 +67,7 @@ def play_nothing(name: str, backend: str) -> tuple[float, dict]:
 
 
 def test_the_task_lists_are_what_the_tests_expect() -> None:
-    assert len(TASKS) == 17 and MULTI_STEP in TASKS
+    assert len(TASKS) == 18 and MULTI_STEP in TASKS and "notes-digest" in BASE_ONLY
     assert set(BASE_ONLY) <= set(TASKS) and len(BASE_ONLY) >= 10
 
 
@@ -98,8 +104,8 @@ def play_word_counter(backend: str, replies: Callable[[list[str]], list[str]]
     return results, env
 
 
-def test_multi_step_oracle_pays_1_on_the_last_turn_only(machine_backend: str) -> None:
-    results, env = play_word_counter(machine_backend, lambda gold: gold)
+def test_multi_step_oracle_pays_1_on_the_last_turn_only(docker_backend: str) -> None:
+    results, env = play_word_counter(docker_backend, lambda gold: gold)
     verdicts = [(v.reward, v.problem, v.output_tail[-500:]) for v in env.verdicts]
     assert [r.reward for r in results] == [0.0, 0.0, 1.0], verdicts
     assert [r.terminated for r in results] == [False, False, True]
@@ -110,12 +116,39 @@ def test_multi_step_oracle_pays_1_on_the_last_turn_only(machine_backend: str) ->
     assert env.get_metrics()["steps_verified"] == 3.0
 
 
-def test_multi_step_solving_only_step_1_gets_the_mean(machine_backend: str) -> None:
+def test_multi_step_solving_only_step_1_gets_the_mean(docker_backend: str) -> None:
     # step 1 solved and done; step 2 done without the script; step 3 done without the report
     (first, second, third), env = play_word_counter(
-        machine_backend, lambda gold: [gold[0], bash("echo not writing the script", done=True), "<done/>"])
+        docker_backend, lambda gold: [gold[0], bash("echo not writing the script", done=True), "<done/>"])
     assert first.info["step_reward"] == 1.0 and second.info["step_reward"] == 0.0
     assert third.terminated and third.info["step_rewards"] == [1.0, 0.0, 0.0]
     assert third.reward == pytest.approx(1 / 3)
     assert first.reward == second.reward == 0.0
     assert env.get_metrics()["passed"] == 0.0 and env.get_metrics()["steps_verified"] == 3.0
+
+
+def test_bwrap_refuses_a_task_whose_tests_run_the_agents_code(bwrap_backend: str) -> None:
+    """There the agent and the tests share one host user: the agent's code could write the reward."""
+    row = builtin_row(MULTI_STEP)
+    env = HarborTerminalEnv(task=row, config={"backend": bwrap_backend})
+    try:
+        env.reset(options={"task": row})
+        result = env.step(bash("ls"))
+    finally:
+        env.close()
+    assert result.truncated and result.reward == 0.0
+    assert "needs Docker" in result.info["error"] and "tests_run_agent_code" in result.info["error"]
+
+
+def test_bwrap_multi_step_mean_reward(bwrap_backend: str) -> None:
+    row = builtin_row("notes-digest")
+    env = HarborTerminalEnv(task=row, config={"backend": bwrap_backend})
+    try:
+        env.reset(options={"task": row})
+        gold = env.gold_actions()
+        first = env.step(gold[0])
+        second = env.step(bash("echo 'lines=1 words=1' > /app/summary.txt", done=True))
+    finally:
+        env.close()
+    assert first.info["step_reward"] == 1.0 and first.reward == 0.0
+    assert second.terminated and second.info["step_rewards"] == [1.0, 0.0] and second.reward == 0.5

@@ -379,7 +379,7 @@ def resolve_backend(requested: str, task: HarborTask) -> str:
     problem = _docker_problem()
     if problem is None:
         return "docker"
-    if task.environment.base_packages_only:
+    if task.environment.base_packages_only and not task.environment.tests_run_agent_code:
         return "bwrap"
     raise TaskEnvironmentError(f"task {task.name} needs Docker and {problem}; start an engine (scripts/setup.sh does) "
                                "or give the task [metadata.skyrl] base_packages_only = true if the host's tools suffice")

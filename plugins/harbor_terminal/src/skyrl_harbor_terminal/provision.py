@@ -149,6 +149,10 @@ def bwrap_recipe(task: HarborTask) -> BwrapRecipe:
         raise TaskEnvironmentError(
             f"task {task.name} needs Docker: it does not declare [metadata.skyrl] base_packages_only = true, so the "
             "bwrap backend (the host's own tools) cannot stand in for its image")
+    if environment.tests_run_agent_code:
+        raise TaskEnvironmentError(
+            f"task {task.name} needs Docker: its tests run the agent's code ([metadata.skyrl] tests_run_agent_code), "
+            "and in a bwrap machine the agent and the tests share one host user, so that code could write the reward")
     if environment.context_dir is None:
         raise TaskEnvironmentError(f"task {task.name} needs Docker: it names a prebuilt image")
     recipe_file = environment.context_dir / environment.dockerfile

@@ -8,7 +8,9 @@ adds ``[[steps]]`` tables and ``steps/<name>/`` folders. Where our behaviour dif
 - GPUs are never provided; a task asking for some loads with a warning.
 - ``[verifier] env`` values are kept verbatim: no ``${HOST_VAR}`` is filled from this machine.
 - ``[metadata.skyrl] base_packages_only = true`` (our extension) declares that the Dockerfile needs
-  nothing beyond the terminal base image's packages, so a backend without Docker may run it.
+  nothing beyond the terminal base image's packages, so a backend without Docker may run it;
+  ``tests_run_agent_code = true`` declares that the tests execute code the agent wrote (as the
+  agent user), which only a backend with separate users (Docker) can keep away from the reward.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _SOLUTION_KEYS = {"env"}
 _ENVIRONMENT_KEYS = {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage",
                      "storage_mb", "allow_internet", "gpus", "gpu_types", "workdir", "os"}
 _STEP_KEYS = {"name", "min_reward", "contributes_to_reward", "agent", "verifier"}
-_SKYRL_KEYS = {"base_packages_only"}
+_SKYRL_KEYS = {"base_packages_only", "tests_run_agent_code"}
 
 _SCHEMA_RE = re.compile(r"1(\.\d+)*")
 _SAFE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -77,6 +79,7 @@ class EnvironmentSpec:
     allow_internet: bool  # what the task asked for; False when it did not say
     base_packages_only: bool
     gpus: int = 0  # asked for, never provided
+    tests_run_agent_code: bool = False  # the tests execute the agent's code: Docker only
 
 
 @dataclass(frozen=True)
@@ -375,6 +378,7 @@ def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], met
         allow_internet=reader.boolean(env, "allow_internet", "[environment]", False),
         base_packages_only=reader.boolean(skyrl, "base_packages_only", "[metadata.skyrl]", False),
         gpus=gpus,
+        tests_run_agent_code=reader.boolean(skyrl, "tests_run_agent_code", "[metadata.skyrl]", False),
     )
 
 

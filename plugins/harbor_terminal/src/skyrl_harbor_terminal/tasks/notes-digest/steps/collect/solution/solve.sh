@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+cat $(ls notes/*.txt | sort) > digest.txt
