@@ -250,15 +250,10 @@ class BwrapMachine(Machine):
                 os.close(secondary)
             return _PtyTerminal(self, process, primary)
 
-        session = TerminalSession(open_transport, max_output_bytes=max_output_bytes)
-        await session.start()
-        self._shells.append(session)
-        return session
+        return await self._start_shell(open_transport, max_output_bytes)
 
     async def kill_processes(self) -> None:
-        shells, self._shells = self._shells, []
-        for shell in shells:
-            await shell.close()
+        await self._close_shells()
         for process in list(self._instances):
             self._kill(process)
         if self.cgroup is not None:

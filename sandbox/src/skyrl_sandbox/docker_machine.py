@@ -150,15 +150,10 @@ class DockerMachine(Machine):
             reader, writer = await asyncio.open_connection(sock=raw)
             return _ExecTerminal(self, reader, writer)
 
-        session = TerminalSession(open_transport, max_output_bytes=max_output_bytes)
-        await session.start()
-        self._shells.append(session)
-        return session
+        return await self._start_shell(open_transport, max_output_bytes)
 
     async def kill_processes(self) -> None:
-        shells, self._shells = self._shells, []
-        for shell in shells:
-            await shell.close()
+        await self._close_shells()
         async with self._lock:
             await self._kill_all()
 

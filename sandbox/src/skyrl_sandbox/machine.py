@@ -21,11 +21,11 @@ memory, processes, storage) and no network hold for everything inside.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from .box import RunResult
-from .terminal import TerminalSession
+from .terminal import TerminalSession, TerminalTransport
 
 AGENT_UID = 1000
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -73,6 +73,7 @@ class Machine(abc.ABC):
     backend: str
     spec: MachineSpec
     warnings: list[str]  # protections this machine could not apply, in words
+    _shells: list[TerminalSession]  # open shells, closed by kill_processes()
 
     @abc.abstractmethod
     async def exec(self, argv: list[str], *, user: str = "root", env: Mapping[str, str] | None = None,
@@ -107,6 +108,18 @@ class Machine(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop and remove everything (idempotent)."""
+
+    async def _start_shell(self, open_transport: Callable[[], Awaitable[TerminalTransport]],
+                           max_output_bytes: int) -> TerminalSession:
+        session = TerminalSession(open_transport, max_output_bytes=max_output_bytes)
+        await session.start()
+        self._shells.append(session)
+        return session
+
+    async def _close_shells(self) -> None:
+        shells, self._shells = self._shells, []
+        for shell in shells:
+            await shell.close()
 
     async def __aenter__(self) -> Machine:
         return self
