@@ -1,0 +1,28 @@
+"""Options of the ``search`` env (section ``env`` of a run config)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+from skyrl_core import EnvConfig
+
+
+class SearchEnvConfig(EnvConfig):
+    max_turns: int = Field(4, ge=1, description="Replies per episode; the last one must answer (SkyRL's recipe: 4).")
+    retriever: str = Field("bm25", description="Retriever name: bm25 (in-process), http (a retrieval server), dense "
+                                               "(extra [dense]), or one registered by another package.")
+    retriever_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the retriever. bm25: index_dir (default: the built-in corpus's index, built on first "
+                    "use), corpus (a JSONL/Parquet corpus to index into index_dir). http: url (default "
+                    "http://127.0.0.1:8000/retrieve), timeout_s, retries, batched. dense: model, index_dir, corpus.")
+    topk: int = Field(3, ge=1, le=50, description="Passages shown per search.")
+    data_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Split -> question file (Search-R1 parquet rows with prompt and reward_spec.ground_truth.target, "
+                    "or JSONL rows with question and answers); empty: the built-in questions.")
+    reward: Literal["em", "subem", "f1"] = Field("em", description="The reward: exact match after Search-R1's "
+                                                                  "normalisation (em), substring EM, or token F1.")
+    max_query_chars: int = Field(300, ge=1, description="Longer queries are refused with an observation.")
+    max_passage_chars: int = Field(600, ge=50, description="Each passage is cut to this length in the observation.")
