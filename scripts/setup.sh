@@ -30,6 +30,8 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "$venv/bin/python" -c "import torch" 2>/dev/null || "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e "./core[test]" -e "./sandbox[docker]"
 "${pip[@]}" -e examples/reverse_text -e "plugins/sql[duckdb]" -e plugins/rlm_repl -e "trainers"
+# Search-R1 retrieval: the retrieval server, Search-R1 parquet files and dense retrieval (faiss-cpu; the pinned torch stays).
+"${pip[@]}" -e "plugins/search[server,parquet,dense]"
 # Harbor terminal tasks (pyarrow reads Parquet task datasets); the plugin needs Python 3.11+ (tomllib).
 if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   "${pip[@]}" -e "plugins/harbor_terminal[parquet]"
