@@ -83,7 +83,8 @@ class _Names:
                 return word
 
 
-def _build_world() -> World:
+def generate_world() -> World:
+    """Generate the built-in world from its fixed seed (the same passages and questions every time)."""
     rng = random.Random(SEED)
     names = _Names(rng)
     given_names = [names.fresh(2) for _ in range(90)]  # shared by many people: similar-looking names
@@ -234,7 +235,7 @@ def _split(rng: random.Random, candidates: list[dict[str, Any]]) -> dict[str, li
 
 @lru_cache(maxsize=1)
 def _world() -> World:
-    return _build_world()
+    return generate_world()
 
 
 def builtin_passages() -> list[dict[str, str]]:
