@@ -12,7 +12,6 @@ treatment; an index records whether it was stemmed and refuses to load without P
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,8 +20,17 @@ from typing import Any
 import bm25s
 from tqdm.auto import tqdm
 
-from .corpus import MANIFEST_FILE, PassageStore, build_once, corpus_fingerprint, read_corpus, read_manifest
-from .data import builtin_corpus_path, cache_root
+from .corpus import (
+    MANIFEST_FILE,
+    PassageStore,
+    build_once,
+    corpus_fingerprint,
+    manifest_matches,
+    read_corpus,
+    read_manifest,
+    resolve_corpus,
+)
+from .data import cache_root
 from .retrieval import Passage
 
 FORMAT = "skyrl-search-bm25"
@@ -103,16 +111,11 @@ class BM25Retriever:
         progress = bool(options.get("progress", True))
         if corpus is None and index_dir is not None:
             return _shared(Path(index_dir))
-        if corpus is None:
-            corpus = builtin_corpus_path()
-            identity: dict[str, Any] = {"corpus_sha256": _sha256(corpus)}
-            key = identity["corpus_sha256"]
-        else:
-            identity = corpus_fingerprint(corpus)
-            key = hashlib.sha256(identity["corpus"].encode()).hexdigest()
-        folder = build_once(index_dir or cache_root() / f"bm25-{key[:16]}",
-                            lambda manifest: _is_current(manifest, identity),
-                            lambda tmp: _build(corpus, tmp, identity, progress=progress))
+        corpus_path, identity, key = resolve_corpus(corpus)
+        expected = {"format": FORMAT, "format_version": FORMAT_VERSION, **identity}
+        folder = build_once(index_dir or cache_root() / f"bm25-{key}",
+                            lambda manifest: manifest_matches(manifest, expected),
+                            lambda tmp: _build(corpus_path, tmp, identity, progress=progress))
         return _shared(folder)
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
@@ -147,20 +150,6 @@ def _shared(index_dir: Path) -> BM25Retriever:
 @functools.lru_cache(maxsize=8)
 def _load_shared(index_dir: str, manifest_mtime_ns: int) -> BM25Retriever:
     return BM25Retriever.load(index_dir)
-
-
-def _is_current(manifest: Mapping[str, Any] | None, identity: Mapping[str, Any]) -> bool:
-    return (manifest is not None and manifest.get("format") == FORMAT
-            and manifest.get("format_version") == FORMAT_VERSION
-            and all(manifest.get(key) == value for key, value in identity.items()))
-
-
-def _sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _build(corpus_path: str | os.PathLike[str], folder: Path, identity: Mapping[str, Any], *,

@@ -13,6 +13,7 @@ that is renamed into place.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -162,6 +163,31 @@ def corpus_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What identifies a corpus file for an index built from it: its absolute path, size and mtime."""
     stat = Path(path).stat()
     return {"corpus": str(Path(path).resolve()), "corpus_bytes": stat.st_size, "corpus_mtime_ns": stat.st_mtime_ns}
+
+
+def resolve_corpus(corpus: str | os.PathLike[str] | None) -> tuple[Path, dict[str, Any], str]:
+    """``(path, identity, key)`` of the corpus to index; None means the built-in corpus.
+
+    ``identity`` goes into the manifest and decides whether an index is current (the built-in
+    corpus by content hash, a user's file by :func:`corpus_fingerprint`); ``key`` names its
+    folder in the cache and stays the same when a user's file changes.
+    """
+    if corpus is None:
+        from .data import builtin_corpus_path
+
+        path = builtin_corpus_path()
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return path, {"corpus_sha256": digest.hexdigest()}, digest.hexdigest()[:16]
+    identity = corpus_fingerprint(corpus)
+    return Path(corpus), identity, hashlib.sha256(identity["corpus"].encode()).hexdigest()[:16]
+
+
+def manifest_matches(manifest: Mapping[str, Any] | None, expected: Mapping[str, Any]) -> bool:
+    """Whether ``manifest`` exists and holds every key of ``expected`` with that value."""
+    return manifest is not None and all(manifest.get(key) == value for key, value in expected.items())
 
 
 def build_once(index_dir: str | os.PathLike[str], is_current: Callable[[dict[str, Any] | None], bool],
