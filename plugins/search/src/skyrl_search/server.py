@@ -4,11 +4,14 @@
 (one inner result list) or the batched form ``{"queries": [str, ...], ...}`` (one inner list per
 query). With ``return_scores`` each hit is ``{"document": doc, "score": float}``, else the bare doc; a
 doc has ``id``, ``contents`` (``"Title"\\ntext``), ``title`` and ``text``. ``GET /health`` says the
-server is up, which retriever answers, and how many retrieval calls served how many queries.
+server is up, which retriever answers over how many passages, how many retrieval calls served how
+many queries, and how many queries wait for the retriever.
 
 Requests that arrive together are answered by one ``retriever.retrieve`` call: a single worker
 task takes the first waiting request, waits ``batch_wait_ms`` for company, and retrieves up to
-``max_batch`` queries at once in a thread, so hundreds of concurrent rollouts cost a few calls.
+``max_batch`` queries at once in a thread (at the largest topk asked; each request gets the first
+topk of its list), so hundreds of concurrent rollouts cost a few calls. When a batch fails, its
+requests are retried one by one, so that one bad query fails only its own request.
 
 Needs the ``server`` extra: ``pip install 'skyrl-search[server]'``.
 """
@@ -70,10 +73,12 @@ class _Batcher:
     queue: asyncio.Queue[_Pending] = field(default_factory=asyncio.Queue)
     retrieve_calls: int = 0
     queries_served: int = 0
+    queries_waiting: int = 0
 
     async def submit(self, queries: list[str], topk: int) -> list[list[Passage]]:
         future: asyncio.Future[list[list[Passage]]] = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(queries, topk, future))
+        self.queries_waiting += len(queries)
+        self.queue.put_nowait(_Pending(queries, topk, future))
         return await future
 
     async def run(self) -> None:
@@ -91,33 +96,34 @@ class _Batcher:
                     break
                 batch.append(item)
                 size += len(item.queries)
+            self.queries_waiting -= size
             await self._answer(batch)
 
-    async def _answer(self, batch: list[_Pending]) -> None:
-        by_topk: dict[int, list[_Pending]] = {}
-        for item in batch:
-            if not item.future.done():  # a client that went away cancels its future
-                by_topk.setdefault(item.topk, []).append(item)
-        for topk, items in by_topk.items():
-            queries = [q for item in items for q in item.queries]
-            self.retrieve_calls += 1
-            try:
-                results = await asyncio.to_thread(self.retriever.retrieve, queries, topk)
-                if len(results) != len(queries):
-                    raise RetrievalError(f"the retriever answered {len(results)} result lists for {len(queries)} queries")
-            except Exception as exc:  # noqa: BLE001 - every failure goes back to the waiting clients
+    async def _answer(self, items: list[_Pending]) -> None:
+        """One retrieval call at the largest topk asked; each request gets its own topk's prefix."""
+        items = [item for item in items if not item.future.done()]  # a client that went away cancels its future
+        if not items:
+            return
+        queries = [q for item in items for q in item.queries]
+        self.retrieve_calls += 1
+        try:
+            results = await asyncio.to_thread(self.retriever.retrieve, queries, max(item.topk for item in items))
+            if len(results) != len(queries):
+                raise RetrievalError(f"the retriever answered {len(results)} result lists for {len(queries)} queries")
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the waiting clients
+            if len(items) > 1:  # retry each request alone, so that one bad query fails only its own request
                 for item in items:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                continue
-            self.queries_served += len(queries)
-            start = 0
-            for item in items:
-                end = start + len(item.queries)
-                if not item.future.done():
-                    item.future.set_result([list(hits) for hits in results[start:end]])
-                start = end
-
+                    await self._answer([item])
+            elif not items[0].future.done():
+                items[0].future.set_exception(exc)
+            return
+        self.queries_served += len(queries)
+        start = 0
+        for item in items:
+            end = start + len(item.queries)
+            if not item.future.done():
+                item.future.set_result([list(hits[:item.topk]) for hits in results[start:end]])
+            start = end
 
 def _hit(passage: Passage, return_scores: bool) -> dict[str, Any]:
     document = passage.as_document()
@@ -176,6 +182,7 @@ def create_app(
         if batcher is not None:
             body["retrieve_calls"] = batcher.retrieve_calls
             body["queries_served"] = batcher.queries_served
+            body["queries_waiting"] = batcher.queries_waiting
         return body
 
     return app

@@ -1,0 +1,246 @@
+"""The retrieval server (real uvicorn on loopback) and the ``skyrl-search`` command line."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from skyrl_search.cli import main
+from skyrl_search.retrieval import Passage
+
+pytest.importorskip("fastapi")
+
+
+class KeywordRetriever:
+    """Ranks passages by how many query words they contain; records every ``retrieve`` call's batch.
+
+    With a ``gate``, every call waits until the test opens it, so that requests queue up behind it.
+    """
+
+    def __init__(self, passages: Sequence[Passage], *, gate: threading.Event | None = None,
+                 fail_on: str | None = None) -> None:
+        self.passages = list(passages)
+        self.gate = gate
+        self.fail_on = fail_on
+        self.batches: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
+        with self._lock:
+            self.batches.append(list(queries))
+        if self.gate is not None:
+            assert self.gate.wait(timeout=30), "the test never opened the gate"
+        if self.fail_on is not None and self.fail_on in queries:
+            raise RuntimeError(f"cannot rank {self.fail_on!r}")
+        return [self._rank(query, topk) for query in queries]
+
+    def _rank(self, query: str, topk: int) -> list[Passage]:
+        words = set(query.lower().split())
+        scored = []
+        for index, passage in enumerate(self.passages):
+            overlap = len(words & set(f"{passage.title} {passage.text}".lower().replace(".", "").split()))
+            scored.append((-overlap, index, passage))
+        scored.sort(key=lambda row: row[:2])
+        return [Passage(p.id, p.title, p.text, float(-score)) for score, _, p in scored[:topk]]
+
+
+FACTS = [
+    Passage("paris", "Paris", "Paris is the capital of France."),
+    Passage("berlin", "Berlin", "Berlin is the capital of Germany."),
+    Passage("everest", "Mount Everest", "Mount Everest is the highest mountain on Earth."),
+    Passage("amazon", "Amazon River", "The Amazon is the largest river by discharge volume."),
+    Passage("python", "Python (programming language)", "Python is a programming language by Guido van Rossum."),
+]
+# One passage per marker word: the query "marker17" must come back with passage m17 first.
+MARKED = [Passage(f"m{i}", f"Entry {i}", f"marker{i} appears only here.") for i in range(256)]
+
+
+def post(url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=30)
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting until {what}"
+        time.sleep(0.01)
+
+
+def queued_behind_first_call(server: Any, retriever: KeywordRetriever) -> int:
+    """Queries in the first (gated) retrieval call plus those the server holds waiting."""
+    first = len(retriever.batches[0]) if retriever.batches else 0
+    return first + httpx.get(f"{server.base_url}/health").json()["queries_waiting"]
+
+
+def test_single_query_form_answers_one_list_of_bare_documents(retrieval_server):
+    server = retrieval_server(KeywordRetriever(FACTS))
+    response = post(server.url, {"query": "capital of France"})
+    assert response.status_code == 200
+    (hits,) = response.json()["result"]
+    assert len(hits) == 3  # the default topk
+    assert hits[0] == {"id": "paris", "contents": '"Paris"\nParis is the capital of France.', "title": "Paris",
+                       "text": "Paris is the capital of France."}
+    assert all("score" not in hit and "document" not in hit for hit in hits)
+
+
+def test_return_scores_wraps_each_document_with_its_score(retrieval_server):
+    server = retrieval_server(KeywordRetriever(FACTS))
+    (hits,) = post(server.url, {"query": "capital of Germany", "topk": 2, "return_scores": True}).json()["result"]
+    assert [hit["document"]["id"] for hit in hits] == ["berlin", "paris"]
+    assert hits[0]["score"] > hits[1]["score"] > 0
+    assert hits[0]["document"]["contents"] == '"Berlin"\nBerlin is the capital of Germany.'
+
+
+def test_batched_form_answers_one_list_per_query_in_order(retrieval_server):
+    server = retrieval_server(KeywordRetriever(FACTS))
+    queries = ["highest mountain", "guido programming language", "largest river"]
+    result = post(server.url, {"queries": queries, "topk": 1, "return_scores": True}).json()["result"]
+    assert [[hit["document"]["id"] for hit in hits] for hits in result] == [["everest"], ["python"], ["amazon"]]
+
+
+def test_missing_topk_falls_back_to_the_servers_default(retrieval_server):
+    server = retrieval_server(KeywordRetriever(FACTS), default_topk=5)
+    (hits,) = post(server.url, {"query": "capital"}).json()["result"]
+    assert len(hits) == 5
+    (hits,) = post(server.url, {"query": "capital", "topk": 1}).json()["result"]
+    assert len(hits) == 1
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ({"queries": []}, "queries"),
+    ({"query": "capital", "topk": 0}, "topk"),
+    ({"query": "capital", "queries": ["capital"]}, "exactly one of 'query'"),
+    ({"topk": 2}, "exactly one of 'query'"),
+    ({"query": "x" * 2001}, "query"),
+    ({"queries": ["capital", "x" * 2001]}, "queries"),
+    ({"query": "capital", "top_k": 2}, "top_k"),
+], ids=["empty-queries", "topk-0", "both-forms", "neither-form", "long-query", "long-batched-query", "unknown-field"])
+def test_invalid_requests_are_refused_naming_the_field(retrieval_server, body, named):
+    retriever = KeywordRetriever(FACTS)
+    server = retrieval_server(retriever)
+    response = post(server.url, body)
+    assert response.status_code == 422
+    errors = response.json()["detail"]
+    assert any(named in error["msg"] or named in error["loc"] for error in errors), errors
+    assert retriever.batches == []
+
+
+def test_health_names_the_retriever_and_counts_passages_and_calls(retrieval_server):
+    server = retrieval_server(KeywordRetriever(FACTS), name="keywords")
+    post(server.url, {"queries": ["capital", "river"]})
+    health = httpx.get(f"{server.base_url}/health").json()
+    assert health == {"status": "ok", "retriever": "keywords", "passages": 5, "retrieve_calls": 1,
+                      "queries_served": 2, "queries_waiting": 0}
+
+
+def test_concurrent_requests_share_few_retrieval_calls_and_each_gets_its_own_answer(retrieval_server):
+    gate = threading.Event()
+    retriever = KeywordRetriever(MARKED, gate=gate)
+    server = retrieval_server(retriever)
+
+    def ask(i: int) -> list[str]:
+        (hits,) = post(server.url, {"query": f"marker{i}", "topk": 1 + i % 3}).json()["result"]
+        return [hit["id"] for hit in hits]
+
+    with ThreadPoolExecutor(64) as pool:
+        answers = pool.map(ask, range(64))
+        wait_until(lambda: queued_behind_first_call(server, retriever) == 64, "all 64 queries reached the server")
+        gate.set()
+        answers = list(answers)
+    assert [answer[0] for answer in answers] == [f"m{i}" for i in range(64)]
+    assert [len(answer) for answer in answers] == [1 + i % 3 for i in range(64)]  # each its own topk
+    assert sorted(q for batch in retriever.batches for q in batch) == sorted(f"marker{i}" for i in range(64))
+    assert len(retriever.batches) == 2  # the first request alone, then everyone who queued behind it
+    health = httpx.get(f"{server.base_url}/health").json()
+    assert (health["retrieve_calls"], health["queries_served"], health["queries_waiting"]) == (2, 64, 0)
+
+
+def test_max_batch_caps_the_queries_of_one_retrieval_call(retrieval_server):
+    gate = threading.Event()
+    retriever = KeywordRetriever(MARKED, gate=gate)
+    server = retrieval_server(retriever, max_batch=8)
+    with ThreadPoolExecutor(32) as pool:
+        answers = pool.map(lambda i: post(server.url, {"query": f"marker{i}", "topk": 1}).json(), range(32))
+        wait_until(lambda: queued_behind_first_call(server, retriever) == 32, "all 32 queries reached the server")
+        gate.set()
+        answers = list(answers)
+    assert [answer["result"][0][0]["id"] for answer in answers] == [f"m{i}" for i in range(32)]
+    first = len(retriever.batches[0])
+    assert [len(batch) for batch in retriever.batches[1:]] == [8] * ((32 - first) // 8) + (
+        [(32 - first) % 8] if (32 - first) % 8 else [])
+
+
+def test_a_failing_retrieval_is_a_500_with_its_message_and_spares_other_requests(retrieval_server):
+    gate = threading.Event()
+    retriever = KeywordRetriever(MARKED, gate=gate, fail_on="poison")
+    server = retrieval_server(retriever)
+    queries = ["poison", *(f"marker{i}" for i in range(15))]
+    with ThreadPoolExecutor(17) as pool:
+        first = pool.submit(post, server.url, {"query": "marker99", "topk": 1})
+        wait_until(lambda: len(retriever.batches) == 1, "the first request reached the retriever")
+        responses = pool.map(lambda q: post(server.url, {"query": q, "topk": 1}), queries)
+        wait_until(lambda: queued_behind_first_call(server, retriever) == 17, "all queries reached the server")
+        gate.set()
+        responses = list(responses)
+    assert first.result().json()["result"][0][0]["id"] == "m99"
+    assert sorted(queries) in [sorted(batch) for batch in retriever.batches]  # poison was batched with the rest
+    assert responses[0].status_code == 500
+    assert "cannot rank 'poison'" in responses[0].json()["detail"]
+    assert [r.json()["result"][0][0]["id"] for r in responses[1:]] == [f"m{i}" for i in range(15)]
+    # The server keeps serving after a failure.
+    assert post(server.url, {"query": "marker42", "topk": 1}).json()["result"][0][0]["id"] == "m42"
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_serve_help_lists_its_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--index", "--corpus", "--host", "--port", "--topk", "--retriever"):
+        assert option in out
+
+
+def test_index_of_a_missing_corpus_is_a_one_line_error(tmp_path, capsys):
+    assert main(["index", "--corpus", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "index")]) != 0
+    err = capsys.readouterr().err
+    assert "nope.jsonl" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "index").exists()
+
+
+def test_serve_with_a_missing_index_is_a_one_line_error(tmp_path, capsys):
+    assert main(["serve", "--index", str(tmp_path / "no-index")]) != 0
+    err = capsys.readouterr().err
+    assert "no-index" in err and "skyrl-search index" in err and "Traceback" not in err
+
+
+def test_index_builds_a_bm25_index_that_answers_queries(tmp_path):
+    bm25 = pytest.importorskip("skyrl_search.bm25", reason="skyrl_search.bm25 (BM25Retriever, build_index) not there yet")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p.as_document()) + "\n" for p in FACTS), encoding="utf-8")
+    out = tmp_path / "index"
+    assert main(["index", "--corpus", str(corpus), "--out", str(out)]) == 0
+    retriever = bm25.BM25Retriever.from_options({"index_dir": str(out)})
+    assert [hits[0].id for hits in retriever.retrieve(["highest mountain on earth", "capital of germany"], 1)] == [
+        "everest", "berlin"]
+
+
+def test_eval_is_delegated_to_the_evaluator(tmp_path, capsys):
+    pytest.importorskip("skyrl_search.evaluate", reason="skyrl_search.evaluate not there yet")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--help"])
+    assert exit_info.value.code == 0
+    assert "usage" in capsys.readouterr().out.lower()
+
