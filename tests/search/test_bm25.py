@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def test_topk_larger_than_the_corpus_is_capped(index: BM25Retriever) -> None:
     assert sorted(p.id for p in hits) == sorted(p.id for p in PASSAGES)  # a word of each: all ten, no error
     with pytest.raises(ValueError, match="topk must be at least 1"):
         index.retrieve(["x"], topk=0)
+    with pytest.raises(TypeError, match="a list of queries, got one string"):
+        index.retrieve("Sahara", topk=1)
 
 
 def test_empty_stopword_and_unknown_queries_get_no_passages(index: BM25Retriever) -> None:
@@ -93,6 +96,12 @@ def test_saved_index_loads_with_identical_results_memory_mapped_or_not(index: BM
         assert loaded.retrieve(queries, topk=4) == expected
         assert isinstance(loaded._model.scores["data"], np.memmap) is mmap
     assert len(loaded) == len(PASSAGES)
+
+
+def test_a_pickled_retriever_reloads_from_its_folder(index: BM25Retriever) -> None:
+    copy = pickle.loads(pickle.dumps(index))
+    assert len(pickle.dumps(index)) < 1000  # the folder travels, not the index
+    assert copy.retrieve(["Fleming antibiotics"], topk=2) == index.retrieve(["Fleming antibiotics"], topk=2)
 
 
 def test_manifest_describes_the_index(index: BM25Retriever, corpus: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 import sys
 from importlib.util import find_spec
@@ -118,6 +119,8 @@ def test_saved_index_round_trips_and_options_build_once(tiny_model: Path, corpus
         loaded = DenseRetriever.load(tmp_path / "idx", mmap=mmap, device="cpu")  # the model named in the manifest
         assert [[p.id for p in hits] for hits in loaded.retrieve(queries, topk=3)] == \
             [[p.id for p in hits] for hits in expected]
+    copy = pickle.loads(pickle.dumps(first))  # e.g. handed to a worker process: reloads from the folder
+    assert copy.retrieve(queries, topk=3) == expected
     changed = {**options, "query_prefix": "search: "}
     assert make_retriever("dense", changed).manifest["query_prefix"] == "search: "  # settings changed: rebuilt
 

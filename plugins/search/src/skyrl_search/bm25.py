@@ -24,6 +24,7 @@ from .corpus import (
     MANIFEST_FILE,
     PassageStore,
     build_once,
+    check_request,
     corpus_fingerprint,
     manifest_matches,
     read_corpus,
@@ -74,6 +75,10 @@ class BM25Retriever:
     def __repr__(self) -> str:
         return f"BM25Retriever({str(self.index_dir)!r}, passages={len(self)})"
 
+    def __reduce__(self) -> tuple[Any, tuple[Path]]:
+        """Pickled as its folder: another process loads (and shares) the index from there."""
+        return _shared, (self.index_dir,)
+
     @classmethod
     def load(cls, index_dir: str | os.PathLike[str], mmap: bool = True) -> BM25Retriever:
         """The index saved in ``index_dir`` (memory-mapped unless ``mmap=False``); ``FileNotFoundError`` if none."""
@@ -120,8 +125,7 @@ class BM25Retriever:
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
         """The ``topk`` best-scoring passages per query (fewer when fewer passages share a word with it)."""
-        if topk < 1:
-            raise ValueError(f"topk must be at least 1, got {topk}")
+        check_request(queries, topk)
         vocab = self._model.vocab_dict
         token_lists = bm25s.tokenize(list(queries), stopwords=STOPWORDS, stemmer=self._stemmer,
                                      return_ids=False, show_progress=False)

@@ -7,7 +7,7 @@ A corpus row is either Search-R1's wiki-18 layout, ``{"id": "0", "contents": "\\
 An index folder keeps its passages in a :class:`PassageStore` (``passages.jsonl`` plus a
 memory-mapped array of line offsets), so a loaded index reads only the passages it returns.
 Index folders are built once with :func:`build_once`: under a file lock, into a temporary folder
-that is renamed into place.
+that is renamed into place. :func:`check_request` validates the arguments of ``retrieve``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -224,6 +224,14 @@ def build_once(index_dir: str | os.PathLike[str], is_current: Callable[[dict[str
             if tmp.exists():
                 shutil.rmtree(tmp)
     return index_dir
+
+
+def check_request(queries: Sequence[str], topk: int) -> None:
+    """``TypeError``/``ValueError`` for arguments ``retrieve(queries, topk)`` cannot answer."""
+    if isinstance(queries, str):
+        raise TypeError("retrieve() takes a list of queries, got one string; pass [query]")
+    if topk < 1:
+        raise ValueError(f"topk must be at least 1, got {topk}")
 
 
 @contextmanager

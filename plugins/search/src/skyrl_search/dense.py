@@ -23,6 +23,7 @@ from .corpus import (
     MANIFEST_FILE,
     PassageStore,
     build_once,
+    check_request,
     corpus_fingerprint,
     manifest_matches,
     read_corpus,
@@ -59,6 +60,7 @@ class Encoder:
         if not Path(model).is_dir():
             raise FileNotFoundError(f"embedding model folder {model} does not exist (dense retrieval loads a local "
                                     "Hugging Face model folder, e.g. one saved from intfloat/e5-base-v2)")
+        self.path = str(Path(model).absolute())
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model)
@@ -99,7 +101,11 @@ class DenseRetriever:
         return len(self._passages)
 
     def __repr__(self) -> str:
-        return f"DenseRetriever({str(self.index_dir)!r}, model={self.manifest['model']!r}, passages={len(self)})"
+        return f"DenseRetriever({str(self.index_dir)!r}, model={self.encoder.path!r}, passages={len(self)})"
+
+    def __reduce__(self) -> tuple[Any, tuple[Path, str, str, int]]:
+        """Pickled as its folder and settings: another process loads (and shares) the index from there."""
+        return _shared, (self.index_dir, self.encoder.path, self.encoder.device, self.batch_size)
 
     @classmethod
     def load(cls, index_dir: str | os.PathLike[str], *, model: str | os.PathLike[str] | None = None,
@@ -181,8 +187,7 @@ class DenseRetriever:
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
         """The ``topk`` passages nearest to each query (an empty query gets none), best first."""
-        if topk < 1:
-            raise ValueError(f"topk must be at least 1, got {topk}")
+        check_request(queries, topk)
         results: list[list[Passage]] = [[] for _ in queries]
         asked = [i for i, q in enumerate(queries) if q.strip()]
         if not asked or self.index.ntotal == 0:
