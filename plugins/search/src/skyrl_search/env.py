@@ -33,8 +33,8 @@ _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 
 FORMAT_HELP = ("Your reply had neither a search nor an answer. To look something up, reply with "
                "<search> your query </search>; to answer, reply with <answer> your answer </answer>.")
-EMPTY_QUERY = "Your search query was empty, so nothing was searched. Put the words to look up between " \
-              "<search> and </search>."
+EMPTY_QUERY = ("Your search query was empty, so nothing was searched. Put the words to look up between "
+               "<search> and </search>.")
 NO_RESULTS = "No results found."
 
 _retrievers: dict[tuple[str, str], Retriever] = {}
@@ -83,7 +83,8 @@ class SearchEnv(TextEnv):
         self.latencies: list[float] = []
         self.outcome: dict[str, float] = {}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[list[dict[str, str]], dict[str, Any]]:
         self._new_episode()
         return super().reset(seed=seed, options=options)
 
