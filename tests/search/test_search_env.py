@@ -271,6 +271,7 @@ def test_load_dataset_reads_configured_files(tmp_path: Path):
 
 def test_eval_table_from_a_rollout_file(tmp_path: Path, test_rows, capsys):
     """The real generator plays 10 questions of each kind: one-hop solved, two-hop answered wrongly."""
+    pytest.importorskip("transformers")  # the test tokenizer (skyrl-core[test])
     from skyrl_core.testing.scripted_engine import ScriptedEngine
     from skyrl_core.testing.tokenizers import make_tokenizer
 
