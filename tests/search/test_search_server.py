@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -235,6 +238,34 @@ def test_index_builds_a_bm25_index_that_answers_queries(tmp_path):
     retriever = bm25.BM25Retriever.from_options({"index_dir": str(out)})
     assert [hits[0].id for hits in retriever.retrieve(["highest mountain on earth", "capital of germany"], 1)] == [
         "everest", "berlin"]
+
+
+def test_serve_runs_a_bm25_server_over_a_corpus_until_stopped(tmp_path):
+    pytest.importorskip("skyrl_search.bm25", reason="skyrl_search.bm25 not there yet")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p.as_document()) + "\n" for p in FACTS), encoding="utf-8")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "skyrl_search.cli", "serve", "--corpus", str(corpus), "--index",
+               str(tmp_path / "index"), "--port", str(port), "--topk", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert process.poll() is None, f"skyrl-search serve exited: {process.communicate()[0]}"
+            try:
+                return httpx.get(f"{base_url}/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, "the server answered /health")
+        assert httpx.get(f"{base_url}/health").json()["passages"] == len(FACTS)
+        (hits,) = post(f"{base_url}/retrieve", {"query": "capital of Germany"}).json()["result"]
+        assert [hit["id"] for hit in hits] == ["berlin", "paris"]  # --topk 2
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def test_eval_is_delegated_to_the_evaluator(tmp_path, capsys):

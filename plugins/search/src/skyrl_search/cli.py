@@ -1,6 +1,7 @@
 """``skyrl-search``: run a retrieval server, build a BM25 index, evaluate a policy.
 
     skyrl-search serve [--index DIR] [--corpus FILE] [--host H] [--port P] [--topk K] [--retriever bm25|dense]
+                       [--model DIR]
     skyrl-search index --corpus FILE --out DIR
     skyrl-search eval ...            (see skyrl-search eval --help)
 
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
     serve.add_argument("--retriever", choices=("bm25", "dense"), default="bm25", help="retrieval backend")
+    serve.add_argument("--model", help="dense only: the local sentence-embedding model folder to embed with")
 
     index = commands.add_parser("index", help="build a BM25 index folder from a corpus",
                                 description="Index a JSONL/Parquet corpus (wiki-18 'contents' rows or "
@@ -89,6 +91,10 @@ def _serve(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"index folder {args.index} does not exist; build one with: "
                                     f"skyrl-search index --corpus FILE --out {args.index}")
         options["index_dir"] = str(args.index)
+    if args.model is not None:
+        if args.retriever != "dense":
+            raise ValueError("--model goes with --retriever dense")
+        options["model"] = args.model
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
     if args.topk < 1:
