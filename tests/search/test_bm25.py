@@ -106,7 +106,7 @@ def test_a_pickled_retriever_reloads_from_its_folder(index: BM25Retriever) -> No
 
 def test_manifest_describes_the_index(index: BM25Retriever, corpus: Path) -> None:
     m = index.manifest
-    assert m["format"] == "skyrl-search-bm25" and m["format_version"] == bm25.FORMAT_VERSION
+    assert m["format"] == "skyrl-search-bm25" and m["format_version"] == bm25.FORMAT.version
     assert m["corpus"] == str(corpus.resolve()) and m["corpus_bytes"] == corpus.stat().st_size
     assert m["passages"] == len(PASSAGES) and m["bm25s_version"] and m["stopwords"] == "en"
     assert (index.index_dir / "manifest.json").is_file()

@@ -21,21 +21,20 @@ import bm25s
 from tqdm.auto import tqdm
 
 from .corpus import (
-    MANIFEST_FILE,
+    IndexFormat,
     PassageStore,
     build_once,
     check_request,
     corpus_fingerprint,
-    manifest_matches,
+    manifest_stamp,
     read_corpus,
-    read_manifest,
     resolve_corpus,
 )
 from .data import cache_root
 from .retrieval import Passage
 
-FORMAT = "skyrl-search-bm25"
-FORMAT_VERSION = 1
+FORMAT = IndexFormat("skyrl-search-bm25", 1, "BM25",
+                     "BM25Retriever.build_index(corpus, index_dir) or the bm25 option 'corpus'")
 STOPWORDS = "en"
 
 
@@ -83,13 +82,7 @@ class BM25Retriever:
     def load(cls, index_dir: str | os.PathLike[str], mmap: bool = True) -> BM25Retriever:
         """The index saved in ``index_dir`` (memory-mapped unless ``mmap=False``); ``FileNotFoundError`` if none."""
         index_dir = Path(index_dir).absolute()
-        manifest = read_manifest(index_dir)
-        if manifest is None or manifest.get("format") != FORMAT:
-            raise FileNotFoundError(f"{index_dir} holds no BM25 index (no {FORMAT} manifest.json); build one with "
-                                    "BM25Retriever.build_index(corpus, index_dir) or the bm25 option 'corpus'")
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"the BM25 index in {index_dir} has format version {manifest.get('format_version')}, "
-                             f"this skyrl-search reads version {FORMAT_VERSION}; rebuild it")
+        manifest = FORMAT.read(index_dir)
         model = bm25s.BM25.load(index_dir, mmap=mmap, show_progress=False)
         return cls(index_dir, model, PassageStore(index_dir), manifest)
 
@@ -117,9 +110,8 @@ class BM25Retriever:
         if corpus is None and index_dir is not None:
             return _shared(Path(index_dir))
         corpus_path, identity, key = resolve_corpus(corpus)
-        expected = {"format": FORMAT, "format_version": FORMAT_VERSION, **identity}
         folder = build_once(index_dir or cache_root() / f"bm25-{key}",
-                            lambda manifest: manifest_matches(manifest, expected),
+                            lambda manifest: FORMAT.is_current(manifest, identity),
                             lambda tmp: _build(corpus_path, tmp, identity, progress=progress))
         return _shared(folder)
 
@@ -147,8 +139,7 @@ class BM25Retriever:
 def _shared(index_dir: Path) -> BM25Retriever:
     """The process-wide loaded index of ``index_dir`` (loaded again only once the folder is rebuilt)."""
     folder = index_dir.absolute()
-    manifest = folder / MANIFEST_FILE
-    return _load_shared(str(folder), manifest.stat().st_mtime_ns if manifest.exists() else 0)
+    return _load_shared(str(folder), manifest_stamp(folder))
 
 
 @functools.lru_cache(maxsize=8)
@@ -175,5 +166,5 @@ def _build(corpus_path: str | os.PathLike[str], folder: Path, identity: Mapping[
     model = bm25s.BM25()
     model.index(tokenizer.to_tokenized_tuple(token_ids), show_progress=progress)
     model.save(folder, show_progress=False)
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, **identity, "passages": count,
+    return {**FORMAT.header(), **identity, "passages": count,
             "bm25s_version": bm25s.__version__, "stopwords": STOPWORDS, "stemmer": language}

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -185,9 +186,40 @@ def resolve_corpus(corpus: str | os.PathLike[str] | None) -> tuple[Path, dict[st
     return Path(corpus), identity, hashlib.sha256(identity["corpus"].encode()).hexdigest()[:16]
 
 
-def manifest_matches(manifest: Mapping[str, Any] | None, expected: Mapping[str, Any]) -> bool:
-    """Whether ``manifest`` exists and holds every key of ``expected`` with that value."""
-    return manifest is not None and all(manifest.get(key) == value for key, value in expected.items())
+@dataclass(frozen=True)
+class IndexFormat:
+    """The kind of index a folder holds, as its manifest records it (``format``, ``format_version``)."""
+
+    name: str
+    version: int
+    kind: str  # in messages: "BM25", "dense"
+    how_to_build: str  # in the message for a folder without an index
+
+    def header(self) -> dict[str, Any]:
+        return {"format": self.name, "format_version": self.version}
+
+    def is_current(self, manifest: Mapping[str, Any] | None, identity: Mapping[str, Any]) -> bool:
+        """Whether ``manifest`` is of this format and version and records ``identity`` exactly."""
+        expected = {**self.header(), **identity}
+        return manifest is not None and all(manifest.get(key) == value for key, value in expected.items())
+
+    def read(self, index_dir: Path) -> dict[str, Any]:
+        """The manifest of the index in ``index_dir``; ``FileNotFoundError``/``ValueError`` naming the folder."""
+        manifest = read_manifest(index_dir)
+        if manifest is None or manifest.get("format") != self.name:
+            raise FileNotFoundError(f"{index_dir} holds no {self.kind} index (no {self.name} {MANIFEST_FILE}); "
+                                    f"build one with {self.how_to_build}")
+        if manifest.get("format_version") != self.version:
+            raise ValueError(f"the {self.kind} index in {index_dir} has format version "
+                             f"{manifest.get('format_version')}, this skyrl-search reads version {self.version}; "
+                             "rebuild it")
+        return manifest
+
+
+def manifest_stamp(index_dir: Path) -> int:
+    """The manifest's mtime in ns (0 without one): it changes whenever the folder is rebuilt."""
+    manifest = index_dir / MANIFEST_FILE
+    return manifest.stat().st_mtime_ns if manifest.exists() else 0
 
 
 def build_once(index_dir: str | os.PathLike[str], is_current: Callable[[dict[str, Any] | None], bool],

@@ -20,21 +20,20 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .corpus import (
-    MANIFEST_FILE,
+    IndexFormat,
     PassageStore,
     build_once,
     check_request,
     corpus_fingerprint,
-    manifest_matches,
+    manifest_stamp,
     read_corpus,
-    read_manifest,
     resolve_corpus,
 )
 from .data import cache_root
 from .retrieval import Passage
 
-FORMAT = "skyrl-search-dense"
-FORMAT_VERSION = 1
+FORMAT = IndexFormat("skyrl-search-dense", 1, "dense",
+                     "DenseRetriever.build_index(corpus, index_dir, model) or the dense option 'corpus'")
 INDEX_FILE = "faiss.index"
 OPTIONS = ("model", "index_dir", "corpus", "query_prefix", "passage_prefix", "max_length", "batch_size", "device",
            "progress")
@@ -113,13 +112,7 @@ class DenseRetriever:
         """The index in ``index_dir`` with the model it was built with (or ``model``); memory-mapped by default."""
         faiss, _, _ = _require_dense()
         index_dir = Path(index_dir).absolute()
-        manifest = read_manifest(index_dir)
-        if manifest is None or manifest.get("format") != FORMAT:
-            raise FileNotFoundError(f"{index_dir} holds no dense index (no {FORMAT} manifest.json); build one with "
-                                    "DenseRetriever.build_index(corpus, index_dir, model) or the dense option 'corpus'")
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"the dense index in {index_dir} has format version {manifest.get('format_version')}, "
-                             f"this skyrl-search reads version {FORMAT_VERSION}; rebuild it")
+        manifest = FORMAT.read(index_dir)
         encoder = Encoder(model or manifest["model"], device=device, max_length=manifest["max_length"])
         return cls._open(index_dir, manifest, encoder, mmap=mmap, batch_size=batch_size)
 
@@ -174,7 +167,6 @@ class DenseRetriever:
                              int(options.get("max_length", 256)))
         corpus_path, corpus_identity, key = resolve_corpus(corpus)
         identity = {**corpus_identity, **settings}
-        expected = {"format": FORMAT, "format_version": FORMAT_VERSION, **identity}
         model_key = hashlib.sha256(repr(sorted(settings.items())).encode()).hexdigest()[:8]
 
         def build(tmp: Path) -> dict[str, Any]:
@@ -182,7 +174,7 @@ class DenseRetriever:
             return _build(corpus_path, tmp, encoder, identity, batch_size, bool(options.get("progress", True)))
 
         folder = build_once(index_dir or cache_root() / f"dense-{key}-{model_key}",
-                            lambda manifest: manifest_matches(manifest, expected), build)
+                            lambda manifest: FORMAT.is_current(manifest, identity), build)
         return _shared(folder, None, device, batch_size)
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
@@ -212,9 +204,7 @@ def _settings(model: str | os.PathLike[str], query_prefix: str, passage_prefix: 
 def _shared(index_dir: Path, model: str | None, device: str | None, batch_size: int) -> DenseRetriever:
     """The process-wide loaded index of ``index_dir`` (loaded again only once the folder is rebuilt)."""
     folder = index_dir.absolute()
-    manifest = folder / MANIFEST_FILE
-    stamp = manifest.stat().st_mtime_ns if manifest.exists() else 0
-    return _load_shared(str(folder), stamp, model, device, batch_size)
+    return _load_shared(str(folder), manifest_stamp(folder), model, device, batch_size)
 
 
 @functools.lru_cache(maxsize=4)
@@ -249,5 +239,5 @@ def _build(corpus_path: str | os.PathLike[str], folder: Path, encoder: Encoder, 
     if count == 0:
         raise ValueError(f"corpus file {corpus_path} holds no passages")
     faiss.write_index(index, str(folder / INDEX_FILE))
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, **identity, "passages": count, "dim": encoder.dim,
+    return {**FORMAT.header(), **identity, "passages": count, "dim": encoder.dim,
             "pooling": "mean", "normalized": True, "faiss_version": faiss.__version__}
