@@ -229,6 +229,14 @@ def test_serve_with_a_missing_index_is_a_one_line_error(tmp_path, capsys):
     assert "no-index" in err and "skyrl-search index" in err and "Traceback" not in err
 
 
+def test_serve_without_the_server_extra_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.delitem(sys.modules, "skyrl_search.server")  # imported afresh, as in a new process
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # what Python does for a package that is not installed
+    assert main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert "pip install 'skyrl-search[server]'" in err and "Traceback" not in err
+
+
 def test_index_builds_a_bm25_index_that_answers_queries(tmp_path):
     bm25 = pytest.importorskip("skyrl_search.bm25", reason="skyrl_search.bm25 (BM25Retriever, build_index) not there yet")
     corpus = tmp_path / "corpus.jsonl"

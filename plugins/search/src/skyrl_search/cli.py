@@ -67,8 +67,10 @@ def _run(command: Callable[[Any], int], arguments: Any) -> int:
     except ImportError as exc:
         top = (exc.name or "").split(".")[0]
         extra = _EXTRAS.get(top)
-        hint = f"; install it with: pip install 'skyrl-search[{extra}]'" if extra else ""
-        _error(f"{exc}{hint}")
+        if extra is None:
+            _error(str(exc))
+        else:
+            _error(f"{top} is not installed; install it with: pip install 'skyrl-search[{extra}]'")
     except (OSError, ValueError, RetrievalError) as exc:
         _error(str(exc))
     except KeyboardInterrupt:
