@@ -63,7 +63,7 @@ class Encoder:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model)
-        self.model = transformers.AutoModel.from_pretrained(model, torch_dtype=dtype).to(self.device).eval()
+        self.model = transformers.AutoModel.from_pretrained(model).to(device=self.device, dtype=dtype).eval()
         self.max_length = min(max_length, getattr(self.model.config, "max_position_embeddings", max_length))
         self.dim = int(self.model.config.hidden_size)
         self._torch = torch
@@ -110,7 +110,6 @@ class DenseRetriever:
     def load(cls, index_dir: str | os.PathLike[str], *, model: str | os.PathLike[str] | None = None,
              mmap: bool = True, device: str | None = None, batch_size: int = 64) -> DenseRetriever:
         """The index in ``index_dir`` with the model it was built with (or ``model``); memory-mapped by default."""
-        faiss, _, _ = _require_dense()
         index_dir = Path(index_dir).absolute()
         manifest = FORMAT.read(index_dir)
         encoder = Encoder(model or manifest["model"], device=device, max_length=manifest["max_length"])
@@ -182,7 +181,7 @@ class DenseRetriever:
         check_request(queries, topk)
         results: list[list[Passage]] = [[] for _ in queries]
         asked = [i for i, q in enumerate(queries) if q.strip()]
-        if not asked or self.index.ntotal == 0:
+        if not asked:
             return results
         vectors = self.encoder.encode([queries[i] for i in asked], prefix=self.manifest["query_prefix"],
                                       batch_size=self.batch_size)
