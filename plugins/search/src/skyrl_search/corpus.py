@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -128,6 +129,8 @@ class PassageStore:
         self._offsets = np.load(folder / OFFSETS_FILE, mmap_mode="r")
         self._fd = os.open(folder / PASSAGES_FILE, os.O_RDONLY)
         self._path = folder / PASSAGES_FILE
+        # Not __del__: at interpreter exit the os module may already be torn down when it would run.
+        weakref.finalize(self, os.close, self._fd)
 
     @staticmethod
     def write(passages: Iterable[Passage], folder: str | os.PathLike[str]) -> int:
@@ -145,11 +148,6 @@ class PassageStore:
         start, end = int(self._offsets[index]), int(self._offsets[index + 1])
         line = os.pread(self._fd, end - start, start)
         return _passage(json.loads(line), default_id=str(index), where=f"{self._path}, passage {index}")
-
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            os.close(fd)
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
