@@ -13,6 +13,8 @@ for answers. All three metrics are reported by :meth:`SearchEnv.get_metrics` wha
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
 import re
 import threading
@@ -30,6 +32,7 @@ from skyrl_search.retrieval import Passage, RetrievalError, Retriever, make_retr
 from skyrl_search.reward import METRICS, extract_answer
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+RETRIEVAL_THREADS = 64  # searches in flight per process (each waits on the retriever, not the CPU)
 
 FORMAT_HELP = ("Your reply had neither a search nor an answer. To look something up, reply with "
                "<search> your query </search>; to answer, reply with <answer> your answer </answer>.")
@@ -61,6 +64,11 @@ def format_passages(passages: Sequence[Passage], max_chars: int) -> str:
             text = text[:max_chars].rstrip() + " ..."
         lines.append(f"Doc {number} (Title: {p.title}) {text}")
     return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=1)
+def _retrieval_pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=RETRIEVAL_THREADS, thread_name_prefix="skyrl-search")
 
 
 class SearchEnv(TextEnv):
@@ -121,7 +129,11 @@ class SearchEnv(TextEnv):
 
     async def atake_action(self, action: str) -> StepResult:
         step = self._read(action)
-        return step if isinstance(step, StepResult) else self._show(await asyncio.to_thread(self._retrieve, step))
+        if isinstance(step, StepResult):
+            return step
+        # A pool of its own: asyncio's default one (a few threads) would cap the searches in flight, and a
+        # retrieval server batches only what arrives together.
+        return self._show(await asyncio.get_running_loop().run_in_executor(_retrieval_pool(), self._retrieve, step))
 
     def reject_action(self, problem: str) -> StepResult:
         """An empty, non-text or over-long reply counts as an invalid turn."""

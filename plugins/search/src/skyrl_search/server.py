@@ -8,7 +8,8 @@ server is up, which retriever answers over how many passages, how many retrieval
 many queries, and how many queries wait for the retriever.
 
 Requests that arrive together are answered by one ``retriever.retrieve`` call: a single worker
-task takes the first waiting request, waits ``batch_wait_ms`` for company, and retrieves up to
+task takes the first waiting request, waits ``batch_wait_ms`` for company when others are already
+queued (a lone request is answered at once), and retrieves up to
 ``max_batch`` queries at once in a thread (at the largest topk asked; each request gets the first
 topk of its list), so hundreds of concurrent rollouts cost a few calls. When a batch fails, its
 requests are retried one by one, so that one bad query fails only its own request.
@@ -86,7 +87,8 @@ class _Batcher:
         while True:
             first = carried if carried is not None else await self.queue.get()
             carried = None
-            if self.batch_wait_s > 0 and len(first.queries) + self.queue.qsize() < self.max_batch:
+            # Wait for company only under load (others already queued): a lone request is answered at once.
+            if self.batch_wait_s > 0 and not self.queue.empty() and len(first.queries) + self.queue.qsize() < self.max_batch:
                 await asyncio.sleep(self.batch_wait_s)
             batch, size = [first], len(first.queries)
             while size < self.max_batch and not self.queue.empty():
