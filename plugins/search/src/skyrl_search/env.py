@@ -13,6 +13,7 @@ for answers. All three metrics are reported by :meth:`SearchEnv.get_metrics` wha
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import json
@@ -51,6 +52,18 @@ def shared_retriever(name: str, options: Mapping[str, Any]) -> Retriever:
         if key not in _retrievers:
             _retrievers[key] = make_retriever(name, options)
         return _retrievers[key]
+
+
+@atexit.register
+def _close_shared_retrievers() -> None:
+    """Close pooled connections (the http retriever's) before the interpreter tears its sockets down."""
+    with _retrievers_lock:
+        retrievers = list(_retrievers.values())
+        _retrievers.clear()
+    for retriever in retrievers:
+        close = getattr(retriever, "close", None)
+        if callable(close):
+            close()
 
 
 def format_passages(passages: Sequence[Passage], max_chars: int) -> str:
