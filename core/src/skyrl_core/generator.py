@@ -160,7 +160,8 @@ class MultiTurnGenerator:
             step = await env.astep(text)
             traj.messages.append({"role": "assistant", "content": text})
             turn = Turn(action=text, observation=step.observation, reward=step.reward, info=step.info,
-                        generated_tokens=len(ids), engine_stop_reason=out.stop_reason)
+                        generated_tokens=len(ids), engine_stop_reason=out.stop_reason,
+                        token_source=out.metadata.get("token_source", "exact"))
             traj.turns.append(turn)
             if step.info.get("error"):
                 traj.error = str(step.info["error"])

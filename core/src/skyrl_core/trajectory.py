@@ -2,6 +2,8 @@
 
 Token-level fields line up: ``len(response_ids) == len(loss_mask) == len(logprobs)``. Generated
 tokens have mask 1 and the engine's logprob; observation tokens have mask 0 and logprob 0.0.
+``Turn.token_source`` says whether generated ids are exact, re-tokenised or chat-mode text;
+``Trajectory.trainable`` is false for the last (trainers refuse them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ class Turn:
     generated_tokens: int = 0
     observation_tokens: int = 0
     engine_stop_reason: str | None = None
+    token_source: str = "exact"
+    """Where the turn's generated ids come from (the engine output's ``metadata["token_source"]``):
+    ``exact`` (the ids the model sampled), ``retokenized`` (the server's text re-encoded with a
+    tokenizer: may differ from what was sampled, no logprobs) or ``text`` (an engine in chat mode:
+    characters, not model tokens)."""
 
 
 @dataclass
@@ -63,6 +70,17 @@ class Trajectory:
     @property
     def num_generated_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def token_source(self) -> str:
+        """The least exact ``token_source`` of its turns: ``text``, else ``retokenized``, else ``exact``."""
+        sources = {t.token_source for t in self.turns}
+        return next((s for s in ("text", "retokenized") if s in sources), "exact")
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the ids are model tokens a trainer can learn from (not chat-mode text)."""
+        return self.token_source != "text"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
