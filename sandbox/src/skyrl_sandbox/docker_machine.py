@@ -32,7 +32,8 @@ ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUI
 _KEEPALIVE = ["sleep", "infinity"]
 _KILL_ROUNDS = 200
 # Kills every process but PID 1, the main process ($1) and itself, with builtins only (a child of its own
-# would be a target); exits 0 once a round finds nothing left to kill.
+# would be a target); exits 0 once a round finds nothing left to kill (zombies are dead: they only wait
+# for docker-init to reap them).
 _KILL_ALL = r"""
 main=$1; rounds=0
 while [ $rounds -lt $2 ]; do
@@ -40,6 +41,9 @@ while [ $rounds -lt $2 ]; do
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
     case $pid in 1|$main|$$) continue ;; esac
+    read -r stat < "$p/stat" 2>/dev/null || continue
+    state=${stat##*) }
+    [ "${state%% *}" = Z ] && continue  # dead already: docker-init reaps it
     kill -9 "$pid" 2>/dev/null && found=1
   done
   [ -z "$found" ] && exit 0
@@ -87,6 +91,7 @@ class DockerMachine(Machine):
         self._lock = asyncio.Lock()
         self._shells: list[TerminalSession] = []
         self._closed = False
+        self._sweeping = False
 
     @classmethod
     async def start(cls, spec: MachineSpec) -> DockerMachine:
@@ -153,7 +158,11 @@ class DockerMachine(Machine):
         return await self._start_shell(open_transport, max_output_bytes)
 
     async def kill_processes(self) -> None:
-        await self._close_shells()
+        self._sweeping = True  # the shells' terminals need not each kill everything: one sweep follows
+        try:
+            await self._close_shells()
+        finally:
+            self._sweeping = False
         async with self._lock:
             await self._kill_all()
 
@@ -208,7 +217,8 @@ class _ExecTerminal:
 
     async def close(self) -> None:
         self.writer.close()
-        if not self.machine._closed:  # the shell (and what it started) must not outlive its terminal
+        # The shell (and what it started) must not outlive its terminal, unless a sweep of everything follows.
+        if not (self.machine._closed or self.machine._sweeping):
             try:
                 await self.machine._kill_shell_tree()
             except Exception:  # noqa: BLE001 - kill_processes() and close() sweep again
