@@ -25,7 +25,7 @@ def build_app() -> typer.Typer:
     app.command("check")(check_command)
     app.command("rollout")(rollout_command)
     app.command("run")(run_command)
-    get_plugin_manager().hook.register_commands(cli=app)
+    get_plugin_manager().register_commands(app)
     return app
 
 
@@ -42,21 +42,23 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def plugins_command(all: bool = typer.Option(False, "--all", help="Include core's built-in plugin.")) -> None:
-    """Print installed plugins as JSON: name, version, module, hooks, and the error of any that failed."""
-    pm = get_plugin_manager()
-    _ = pm.registry  # building the registry runs the register hooks, which records their failures
-    typer.echo(json.dumps([r.to_dict() for r in pm.records(include_builtins=all)], indent=2))
+    """Print installed plugins as JSON: name, version, module, hooks, the error of any that failed and the
+    ids each shares with another plugin (clashes)."""
+    records = get_plugin_manager().records(include_builtins=all)
+    typer.echo(json.dumps([r.to_dict() for r in records], indent=2))
+    for message in sorted({m for r in records for m in r.clashes}):
+        typer.echo(f"clash: {message}", err=True)
 
 
 def _listing_command(kind: Kind) -> Any:
     def listing(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
         registry = get_plugin_manager().registry
         rows = []
-        for spec_id in registry.ids(kind):
-            spec = registry.specs[kind][spec_id]
+        for spec in registry.listing(kind):
             provider = spec.provider
             rows.append({"id": spec.id, "provider": provider.name, "version": provider.version,
-                         "description": spec.description, **spec.metadata()})
+                         "description": spec.description, "clash": spec.id in registry.clashes[kind],
+                         **spec.metadata()})
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
             return
@@ -68,9 +70,13 @@ def _listing_command(kind: Kind) -> Any:
             table.add_column(column)
         for row in rows:
             meta = ", ".join(f"{k}={v}" for k, v in row.items()
-                             if k not in {"id", "provider", "version", "description"} and v not in (None, False))
-            table.add_row(row["id"], f"{row['provider']} {row['version']}", row["description"], meta)
+                             if k not in {"id", "provider", "version", "description", "clash"}
+                             and v not in (None, False))
+            table.add_row(row["id"] + (" (CLASH)" if row["clash"] else ""), f"{row['provider']} {row['version']}",
+                          row["description"], meta)
         Console().print(table)
+        for spec_id in sorted(registry.clashes[kind]):
+            typer.echo(f"clash: {registry.clash_message(kind, spec_id)}", err=True)
         failures = get_plugin_manager().failures
         if failures:
             typer.echo(f"{len(failures)} plugin(s) failed to load; see `skyrl plugins`.", err=True)

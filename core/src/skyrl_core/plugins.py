@@ -7,23 +7,33 @@ Environment variables:
 * ``SKYRL_PLUGIN_MODULES``: comma-separated importable modules registered as plugins without being
   packaged (for developing a plugin before writing its ``pyproject.toml``).
 * ``SKYRL_TRACE_HOOKS=1``: print every hook call and result to stderr.
+
+Isolation: a plugin that fails to import, to validate (an unknown hook name, a wrong signature) or
+whose ``register_*``/``register_commands`` hook raises is unregistered and recorded once in
+:attr:`PluginManager.failures`; the other plugins load as usual. Observer (``on_*``)
+implementations are guarded: one that raises is logged once per plugin and hook, then ignored.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata as md
+import logging
 import os
 import sys
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import pluggy
 
 from skyrl_core import hookspecs
-from skyrl_core.registry import KINDS, Provider, Registry, RegistryError
+from skyrl_core.registry import KINDS, ComponentSpec, Provider, Registry, RegistryError, did_you_mean
+
+log = logging.getLogger(__name__)
 
 GROUP = "skyrl"
 BUILTIN_MODULES = ("skyrl_core.default_plugins",)
@@ -48,10 +58,12 @@ class PluginRecord:
     module: str
     hooks: list[str]
     error: str | None = None
+    # Messages for ids this plugin registers that another plugin registers too.
+    clashes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "module": self.module,
-                "hooks": self.hooks, "error": self.error}
+                "hooks": self.hooks, "error": self.error, "clashes": self.clashes}
 
 
 class PluginManager(pluggy.PluginManager):
@@ -67,12 +79,64 @@ class PluginManager(pluggy.PluginManager):
             self.trace.root.setwriter(sys.stderr.write)
             self.enable_tracing()
 
-    def register_plugin(self, plugin: object, provider: Provider, name: str | None = None) -> None:
-        """Register ``plugin`` (a module or object with ``@hookimpl`` functions) as from ``provider``."""
-        self.register(plugin, name=name)
-        self.check_pending()
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """pluggy's ``register``, with the plugin's observer (``on_*``) implementations guarded."""
+        plugin_name = super().register(plugin, name=name)
+        for caller in self.get_hookcallers(plugin) or []:
+            if not caller.name.startswith("on_"):
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin and not (impl.hookwrapper or impl.wrapper):
+                    impl.function = self._guard(impl.function, plugin, caller.name)
+        return plugin_name
+
+    def _guard(self, function: Callable[..., Any], plugin: object, hook_name: str) -> Callable[..., Any]:
+        """``function`` logging (once per plugin and hook) and swallowing what it raises."""
+        warned = False
+
+        @functools.wraps(function)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            nonlocal warned
+            try:
+                return function(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - an observer never fails an episode or a step
+                if not warned:
+                    warned = True
+                    log.warning("plugin %s: its %s hook raised %s: %s; ignored (reported once)",
+                                self.provider_of(plugin).name, hook_name, type(exc).__name__, exc)
+                return None
+
+        return guarded
+
+    def register_plugin(self, plugin: object, provider: Provider, name: str | None = None) -> bool:
+        """Register ``plugin`` (a module or object with ``@hookimpl`` functions) as from ``provider``.
+
+        A plugin that does not validate (unknown hook name, wrong hook signature) is not registered:
+        the problem is recorded in :attr:`failures` and ``False`` returned.
+        """
+        problem = self._unknown_hooks(plugin)
+        if problem is None:
+            try:
+                self.register(plugin, name=name)
+            except pluggy.PluginValidationError as exc:
+                problem = str(exc)
+        if problem is not None:
+            self._record_failure(plugin, provider, problem)
+            return False
         self.providers[id(plugin)] = provider
         self._registry = None
+        return True
+
+    def _unknown_hooks(self, plugin: object) -> str | None:
+        """A message naming the ``@hookimpl`` functions of ``plugin`` that match no hook, or None."""
+        known = sorted(name for name, caller in vars(self.hook).items() if caller.has_spec())
+        problems = []
+        for attr in dir(plugin):
+            opts = self.parse_hookimpl_opts(plugin, attr)
+            hook_name = opts and (opts.get("specname") or attr)
+            if hook_name and hook_name not in known:
+                problems.append(f"unknown hook {hook_name!r}.{did_you_mean(hook_name, known)}")
+        return " ".join(problems) + f" Hooks: {', '.join(known)}." if problems else None
 
     def unregister_plugin(self, plugin: object) -> None:
         self.unregister(plugin)
@@ -90,45 +154,68 @@ class PluginManager(pluggy.PluginManager):
         return self._registry
 
     def _build_registry(self) -> Registry:
-        registry = Registry(known_providers=KNOWN_PROVIDERS)  # type: ignore[arg-type]
+        # Collect each plugin's specs first: a plugin whose hook raises contributes none of them.
+        collected: dict[int, tuple[Provider, list[ComponentSpec]]] = {}
         for kind in KINDS:
             caller = getattr(self.hook, _HOOK_FOR_KIND[kind])
             # Call each implementation on its own so every spec is attributed to its plugin.
             for impl in reversed(caller.get_hookimpls()):
+                if not self.is_registered(impl.plugin):
+                    continue  # failed in an earlier kind's hook
                 provider = self.provider_of(impl.plugin)
+                specs = collected.setdefault(id(impl.plugin), (provider, []))[1]
 
-                def register(spec: Any, _provider: Provider = provider, _kind: str = kind) -> None:
-                    if getattr(spec, "kind", None) != _kind:
+                def register(spec: Any, _provider: Provider = provider, _kind: str = kind,
+                             _specs: list[ComponentSpec] = specs) -> None:
+                    if not isinstance(spec, ComponentSpec) or spec.kind != _kind:
                         raise RegistryError(f"{_provider.name}: {_HOOK_FOR_KIND[_kind]} got a "
                                             f"{type(spec).__name__}; expected a {_kind} spec")
-                    registry.add(spec, _provider)
+                    _specs.append(spec)
 
                 self.trace(f"{_HOOK_FOR_KIND[kind]} from {provider.name} {provider.version}")
                 try:
                     impl.function(**({"register": register} if impl.argnames else {}))
-                except RegistryError as exc:
-                    if "registered twice" in str(exc):
-                        raise
-                    self._record_failure(impl.plugin, provider, exc)
                 except Exception as exc:  # noqa: BLE001 - one broken plugin must not hide the rest
-                    self._record_failure(impl.plugin, provider, exc)
+                    self.fail_plugin(impl.plugin, exc)
+                    collected.pop(id(impl.plugin))
+        registry = Registry(known_providers=KNOWN_PROVIDERS)  # type: ignore[arg-type]
+        for provider, specs in collected.values():
+            for spec in specs:
+                registry.add(spec, provider)
         return registry
 
-    def _record_failure(self, plugin: object, provider: Provider, exc: BaseException) -> None:
-        tb = "".join(traceback.format_exception(exc))
+    def register_commands(self, cli: Any) -> None:
+        """Call every plugin's ``register_commands``; a plugin whose hook raises is reported and unregistered."""
+        for impl in reversed(self.hook.register_commands.get_hookimpls()):
+            try:
+                impl.function(**({"cli": cli} if impl.argnames else {}))
+            except Exception as exc:  # noqa: BLE001 - the built-in commands must keep working
+                self.fail_plugin(impl.plugin, exc)
+
+    def fail_plugin(self, plugin: object, exc: BaseException) -> None:
+        """Record ``plugin``'s failure once and unregister it, so the other plugins run unaffected."""
+        self._record_failure(plugin, self.provider_of(plugin), exc)
+        self.unregister_plugin(plugin)
+
+    def _record_failure(self, plugin: object, provider: Provider, error: BaseException | str) -> None:
+        message = error if isinstance(error, str) else "".join(traceback.format_exception(error))
         self.failures.append(PluginRecord(provider.name, provider.version,
-                                          getattr(plugin, "__name__", repr(plugin)), [], tb))
+                                          getattr(plugin, "__name__", repr(plugin)), [], message))
 
     def records(self, include_builtins: bool = False) -> list[PluginRecord]:
         """Loaded plugins (with the hooks each implements) followed by failed ones."""
+        registry = self.registry
         out = []
         for plugin in self.get_plugins():
             provider = self.provider_of(plugin)
             if provider.name == "skyrl-core" and not include_builtins:
                 continue
             hooks = sorted(h.name for h in self.get_hookcallers(plugin) or [])
+            clashes = [registry.clash_message(kind, spec_id) for kind in KINDS
+                       for spec_id, specs in registry.clashes[kind].items()
+                       if any(spec.provider == provider for spec in specs)]
             out.append(PluginRecord(provider.name, provider.version,
-                                    getattr(plugin, "__name__", type(plugin).__name__), hooks))
+                                    getattr(plugin, "__name__", type(plugin).__name__), hooks, clashes=clashes))
         return sorted(out, key=lambda r: r.name) + self.failures
 
 
@@ -145,25 +232,34 @@ def _normalise(dist_name: str) -> str:
 
 def load_entry_point_plugins(pm: PluginManager) -> None:
     allowed = _allow_list()
-    for ep in md.entry_points(group=GROUP):
+    entry_points = md.entry_points(group=GROUP)
+    if allowed:
+        installed = sorted({_normalise(ep.dist.name) for ep in entry_points if ep.dist})
+        for name in sorted(allowed - set(installed)):
+            log.warning("SKYRL_LOAD_PLUGINS names %r, which is no installed skyrl plugin distribution.%s "
+                        "Installed: %s", name, did_you_mean(name, installed), ", ".join(installed) or "none")
+    for ep in entry_points:
         dist = ep.dist
         provider = Provider(dist.name if dist else ep.module, dist.version if dist else "unknown")
         if allowed is not None and _normalise(provider.name) not in allowed:
             continue
         try:
             plugin = ep.load()
-            pm.register_plugin(plugin, provider, name=f"{provider.name}:{ep.name}")
         except Exception as exc:  # noqa: BLE001 - reported by `skyrl plugins`, never fatal for listing
             pm._record_failure(ModuleType(ep.value), provider, exc)
+            continue
+        pm.register_plugin(plugin, provider, name=f"{provider.name}:{ep.name}")
 
 
 def load_module_plugins(pm: PluginManager, modules: list[str]) -> None:
     for module_name in modules:
+        provider = Provider(module_name, "dev")
         try:
             module = importlib.import_module(module_name)
-            pm.register_plugin(module, Provider(module_name, "dev"))
-        except Exception as exc:  # noqa: BLE001
-            pm._record_failure(ModuleType(module_name), Provider(module_name, "dev"), exc)
+        except Exception as exc:  # noqa: BLE001 - reported by `skyrl plugins`
+            pm._record_failure(ModuleType(module_name), provider, exc)
+            continue
+        pm.register_plugin(module, provider)
 
 
 def new_plugin_manager(entry_points: bool = True) -> PluginManager:

@@ -114,29 +114,49 @@ class EngineSpec(ComponentSpec):
 
 @dataclass
 class Registry:
-    """All registered components, by kind and id."""
+    """All registered components, by kind and id.
+
+    An id registered by two providers is a *clash*: it is listed (with both providers) but every
+    lookup of it fails with a message naming both, while the other ids work as usual.
+    """
 
     specs: dict[Kind, dict[str, ComponentSpec]] = field(default_factory=lambda: {k: {} for k in KINDS})
     # Hints for ids that no installed package provides, e.g. {"trainer": {"fsdp_grpo": "skyrl-trainers"}}.
     known_providers: dict[Kind, dict[str, str]] = field(default_factory=dict)
+    # Ids registered more than once, with every spec that claims them.
+    clashes: dict[Kind, dict[str, list[ComponentSpec]]] = field(default_factory=lambda: {k: {} for k in KINDS})
 
     def add(self, spec: ComponentSpec, provider: Provider) -> None:
         if not isinstance(spec, ComponentSpec):
             raise RegistryError(f"register() expects an EnvSpec/GeneratorSpec/TrainerSpec/EngineSpec, "
                                 f"got {type(spec).__name__} from {provider.name}")
-        table = self.specs[spec.kind]
-        existing = table.get(spec.id)
-        if existing is not None:
-            a, b = existing.provider, provider
-            raise RegistryError(f"{spec.kind} id {spec.id!r} is registered twice: by {a.name} {a.version} "
-                                f"and by {b.name} {b.version}; uninstall one of them or disable it "
-                                f"with SKYRL_LOAD_PLUGINS")
-        table[spec.id] = replace(spec, provider=provider)
+        spec = replace(spec, provider=provider)
+        clashing = self.clashes[spec.kind]
+        if spec.id in clashing:
+            clashing[spec.id].append(spec)
+        elif spec.id in self.specs[spec.kind]:
+            clashing[spec.id] = [self.specs[spec.kind].pop(spec.id), spec]
+        else:
+            self.specs[spec.kind][spec.id] = spec
+
+    def clash_message(self, kind: Kind, id: str) -> str:
+        providers = " and by ".join(f"{s.provider.name} {s.provider.version}"  # type: ignore[union-attr]
+                                    for s in self.clashes[kind][id])
+        return (f"{kind} id {id!r} is registered twice: by {providers}; uninstall one of them or disable it "
+                f"with SKYRL_LOAD_PLUGINS")
 
     def ids(self, kind: Kind) -> list[str]:
+        """Usable ids (clashing ones excluded)."""
         return sorted(self.specs[kind])
 
+    def listing(self, kind: Kind) -> list[ComponentSpec]:
+        """Every registered spec sorted by id, both sides of a clash included."""
+        specs = [*self.specs[kind].values(), *(s for group in self.clashes[kind].values() for s in group)]
+        return sorted(specs, key=lambda s: s.id)
+
     def get(self, kind: Kind, id: str) -> ComponentSpec:
+        if id in self.clashes[kind]:
+            raise RegistryError(self.clash_message(kind, id))
         try:
             return self.specs[kind][id]
         except KeyError:

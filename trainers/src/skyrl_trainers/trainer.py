@@ -118,7 +118,7 @@ class _StepLoop:
             metrics = self.step(step, progress)
             history.append(metrics)
             self.logger.log(step, metrics)
-            _notify(step, metrics)
+            get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)  # observers are guarded
             progress.step_done(step, metrics)
             if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
                 progress.phase(step, "checkpoint")
@@ -226,10 +226,3 @@ def summarize(history: list[dict[str, float]], last_step: int, seconds: float) -
         if key in last:
             summary[key] = last[key]
     return summary
-
-
-def _notify(step: int, metrics: dict[str, float]) -> None:
-    try:
-        get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)
-    except Exception:  # noqa: BLE001 - an observer must not stop training
-        log.warning("an on_train_step_end hook failed at step %d", step, exc_info=True)
