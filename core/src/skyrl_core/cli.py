@@ -25,6 +25,9 @@ def build_app() -> typer.Typer:
     app.command("check")(check_command)
     app.command("rollout")(rollout_command)
     app.command("run")(run_command)
+    from skyrl_core.scaffold import new_app
+
+    app.add_typer(new_app(), name="new")
     get_plugin_manager().register_commands(app)
     return app
 
@@ -129,7 +132,8 @@ def rollout_command(
     generator: str | None = typer.Option(None, "--generator", help="Generator id; default: the env's own or "
                                          "'default'. Unused with --oracle."),
     n_tasks: int = typer.Option(8, "--n-tasks", min=0, help="Tasks to run (0 = all)."),
-    samples: int = typer.Option(1, "--samples", min=1, help="Episodes per task. Unused with --oracle."),
+    samples: int | None = typer.Option(None, "--samples", min=1, help="Episodes per task; default: the config's "
+                                       "generator.n_samples_per_prompt when it sets one, else 1. Unused with --oracle."),
     split: str = typer.Option("test", "--split", help="Built-in dataset split."),
     tasks: Path | None = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
     out: Path = typer.Option(Path("rollouts.jsonl"), "--out", help="Where to write the trajectories (JSONL)."),
@@ -154,7 +158,7 @@ def rollout_command(
 
     if oracle:
         unused = [flag for flag, value in (("--engine", engine), ("--model", model), ("--generator", generator),
-                                           ("--samples", samples != 1)) if value]
+                                           ("--samples", samples)) if value]
         _oracle_rollout(env, n_tasks=n_tasks, split=split, tasks=tasks, out=out, config_file=config_file,
                         overrides=overrides, concurrency=concurrency, unused=unused)
         return
@@ -171,6 +175,9 @@ def rollout_command(
         raise _fail(str(exc)) from None
     if tokenizer is None:
         raise _fail(f"engine {cfg.engine_id!r} has no tokenizer; set engine.tokenizer=NAME_OR_PATH")
+    if samples is None:  # the flag's default never overrides the config file or an override
+        configured = "n_samples_per_prompt" in cfg.generator.model_fields_set
+        samples = cfg.generator.n_samples_per_prompt if configured else 1
     gen = pm.registry.make("generator", cfg.generator_id, cfg.generator, engine=engine_obj, tokenizer=tokenizer,
                            env_id=cfg.env_id, env_config=cfg.env)
     with _RolloutProgress(len(rows) * samples) as progress:

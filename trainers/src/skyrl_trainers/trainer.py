@@ -59,6 +59,7 @@ class FSDPGRPOTrainer:
         resumed = torch.load(resume_from / "trainer_state.pt", weights_only=False) if resume_from else None
         start = resumed["step"] if resumed else 0
         self.run_folder.create(self.config.to_dict(), resuming=resumed is not None)
+        print(f"run folder: {self.run_folder.path}", flush=True)
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
         # The engine first: loading the policy once in the driver fills the model cache for the ranks.
         engine, tokenizer = build_engine(self.config, seed=run.seed + start)
@@ -82,6 +83,7 @@ class FSDPGRPOTrainer:
                 summary = step_loop.run(start, progress)
             if cfg.export:
                 workers.call("export", str(self.run_folder.export))
+            print(f"run finished; its folder: {self.run_folder.path}", flush=True)
             return summary
         finally:
             if logger is not None:
