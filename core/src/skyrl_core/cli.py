@@ -193,6 +193,9 @@ def rollout_command(
 
     Console().print(format_metrics_table("rollout summary", batch.metrics))
     typer.echo(f"wrote {len(batch)} trajectories to {out}")
+    episodes = batch.roots()
+    if episodes and all(t.error is not None for t in episodes):
+        raise _fail(f"all {len(episodes)} episodes failed; the first: {episodes[0].error.splitlines()[0]}", code=1)
 
 
 def _oracle_rollout(env: str, *, n_tasks: int, split: str, tasks: Path | None, out: Path,

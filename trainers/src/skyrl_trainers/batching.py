@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from skyrl_core.trajectory import Trajectory
 
 
+class UntrainableTrajectoryError(ValueError):
+    """A batch holds trajectories that are marked not trainable (``Trajectory.trainable`` is false)."""
+
+
 @dataclass
 class TrainSample:
     """``input_ids = prompt + response``; masks and logprobs cover the response part only."""
@@ -40,7 +44,18 @@ class MiniBatchPlan:
 
 
 def training_samples(trajectories: Sequence[Trajectory], advantages: Sequence[float | None]) -> list[TrainSample]:
-    """Samples for the trajectories that are trained on (advantage not ``None``, at least one masked token)."""
+    """Samples for the trajectories that are trained on (advantage not ``None``, at least one masked token).
+
+    Raises :class:`UntrainableTrajectoryError` for trajectories whose ids are not model tokens (the
+    ``openai`` engine's chat mode, which is for evaluation).
+    """
+    untrainable = [t for t in trajectories if not t.trainable]
+    if untrainable:
+        raise UntrainableTrajectoryError(
+            f"{len(untrainable)} of {len(trajectories)} trajectories (e.g. {untrainable[0].id}) hold chat text, not "
+            f"model token ids (token_source {untrainable[0].token_source!r}, from the openai engine's chat mode), "
+            "so they cannot be trained on; train with the hf or vllm engine, and use engine.mode=chat for "
+            "evaluation only")
     out = []
     for t, advantage in zip(trajectories, advantages, strict=True):
         if advantage is None or not any(t.loss_mask):

@@ -1,18 +1,38 @@
-"""When and how long to wait before retrying an HTTP request: exponential backoff with jitter."""
+"""When and how long to wait before retrying an HTTP request: exponential backoff with jitter, and
+which request fields a strict server's 4xx answer asks to leave out."""
 
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
+FIELD_REJECTION_STATUSES = frozenset({400, 422})
+# How servers say a field is not allowed: FastAPI/pydantic "Extra inputs are not permitted",
+# transformers serve "Unexpected fields in the request: {...}", OpenAI "Unrecognized request argument".
+_FIELD_REJECTION = re.compile(r"unexpected|unknown|unrecognized|unsupported|extra (?:inputs|fields)|not permitted|"
+                              r"not allowed|not supported", re.IGNORECASE)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_retryable_status(status: int) -> bool:
     """Rate limits, request timeouts, conflicts and server errors are worth another try."""
     return status in RETRYABLE_STATUSES or status >= 500
+
+
+def rejected_fields(status: int | None, message: str, fields: Iterable[str]) -> set[str]:
+    """The ``fields`` of a request that a 400/422 ``message`` names as unexpected, unknown or unsupported.
+
+    Empty when the status or the wording is about something else, so only answers that name the
+    offending fields lead to a retry without them.
+    """
+    if status not in FIELD_REJECTION_STATUSES or not _FIELD_REJECTION.search(message):
+        return set()
+    return set(_WORD.findall(message)) & set(fields)
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
