@@ -8,7 +8,7 @@ from skyrl_core import EngineSpec, EnvConfig, EnvSpec, StepResult, TextEnv, hook
 
 
 class CountdownEnv(TextEnv):
-    """Asks for a number each turn; reward 0.25 per unfinished turn, 1.0 when the model says 'done'."""
+    """Asks for a number each turn; reward 1.0 when the model says 'done' (0 for the turns before it)."""
 
     config_class = EnvConfig
 
@@ -18,7 +18,7 @@ class CountdownEnv(TextEnv):
     def take_action(self, action: str) -> StepResult:
         if "done" in action:
             return StepResult([], 1.0, True, False, {})
-        return StepResult([{"role": "user", "content": f"turn {self.turn}: go on"}], 0.25, False, False, {})
+        return StepResult([{"role": "user", "content": f"turn {self.turn}: go on"}], 0.0, False, False, {})
 
     def gold_actions(self) -> list[str]:
         return ["done"]

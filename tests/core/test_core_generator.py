@@ -20,12 +20,13 @@ def make_generator(engine, env_id="reverse_text", **config):
 
 @pytest.mark.parametrize("style", ["chatml", "llama3"])
 async def test_three_turn_episode_is_token_exact(scripted_engine, style):
-    # Three turns: malformed (feedback), wrong with a 3-character right prefix (feedback), correct.
+    # Three turns: malformed (feedback), wrong with a 3-character right prefix (feedback), correct. Only the
+    # turn that ends the episode pays (the tutorial env keeps its summed reward in its range).
     engine = scripted_engine("no tags here", "<answer>elpap</answer>", "<answer>elppa</answer>", style=style)
     gen = make_generator(engine, max_turns=3)
     (traj,) = (await gen.generate([{"text": "apple"}])).trajectories
     assert traj.error is None and traj.stop_reason == "terminated"
-    assert len(traj.turns) == 3 and traj.reward == pytest.approx(1.0 + 0.5 * 3 / 5)
+    assert len(traj.turns) == 3 and [t.reward for t in traj.turns] == [0.0, 0.0, 1.0]
 
     tok = engine.tokenizer
     renderer = ChatRenderer(tok)

@@ -90,18 +90,25 @@ def _listing_command(kind: Kind) -> Any:
 
 def check_command(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. rlm_repl."),
-    n_tasks: int = typer.Option(2, min=0, help="Built-in dataset rows to check the gold actions on (0 = all)."),
+    n_tasks: int = typer.Option(2, min=0, help="Built-in dataset rows to check the prompt and gold actions on "
+                                "(0 = all)."),
+    all_rows: bool = typer.Option(False, "--all-rows", help="Check every row of the built-in dataset (its prompt "
+                                  "builds, its gold actions reach the top of the reward range); failing rows "
+                                  "are named. Same as --n-tasks 0."),
+    skip: list[str] | None = typer.Option(None, "--skip", help="A check (or family: determinism, gold, episode, "
+                                          "gymnasium, ...) that cannot hold for this env, e.g. an LLM judge's "
+                                          "determinism; repeatable."),
     overrides: list[str] | None = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
 ) -> None:
     """Run the env conformance checker (skyrl_core.testing.check_env) and print each check."""
     from skyrl_core.config import parse_overrides
-    from skyrl_core.factory import ConfigError
     from skyrl_core.testing import check_env
 
     try:
         env_options = parse_overrides(overrides or []).get("env", {})
-        report = check_env(env_id, config=env_options, n_tasks=n_tasks, raise_on_failure=False)
-    except (ConfigError, RegistryError) as exc:
+        report = check_env(env_id, config=env_options, n_tasks=0 if all_rows else n_tasks, skip=set(skip or ()),
+                           raise_on_failure=False)
+    except (RegistryError, ValueError) as exc:  # a bad env.* value (ConfigError) or --skip name
         raise _fail(str(exc)) from None
     for name in report.passed:
         typer.echo(f"PASS  {report.label(name)}")
@@ -109,7 +116,7 @@ def check_command(
         typer.echo(f"SKIP  {report.label(name)}")
     for problem in report.failed:
         typer.echo(f"FAIL  {problem}")
-    typer.echo(f"{len(report.passed)} passed, {len(report.failed)} failed")
+    typer.echo(f"{len(report.passed)} passed, {len(report.failed)} failed, {len(report.skipped)} skipped")
     if report.failed:
         raise typer.Exit(1)
 

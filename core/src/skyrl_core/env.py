@@ -5,20 +5,60 @@ Subclasses implement :meth:`TextEnv.build_prompt` (the opening messages for the 
 The base class keeps the Gymnasium contract around them: turn counting, turn-limit truncation,
 rejection of non-text/empty/huge actions (answered by :meth:`TextEnv.reject_action`, which an env
 overrides to score them like its other malformed turns), and turning an exception inside the env
-into ``truncated=True`` with ``info["error"]`` instead of a crash.
+into ``truncated=True`` with ``info["error"]`` instead of a crash. Its spaces (:class:`AnyText`
+actions bounded by ``max_action_chars``, :class:`Messages` observations) let Gymnasium's own
+``check_env`` pass on it. The whole contract is in :class:`TextEnv`'s docstring and in the core
+README ("The env contract").
 """
 
 from __future__ import annotations
 
 import asyncio
+import string
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import gymnasium
+from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field
 
 Message = dict[str, str]
+
+#: Longest message content the observation space admits: about 250k tokens, past any model's context.
+MAX_MESSAGE_CHARS = 1_000_000
+
+
+class AnyText(spaces.Text):
+    """``spaces.Text`` that holds any Unicode string within its length bounds.
+
+    Model replies and tool output use every character, so membership checks only the length;
+    :meth:`sample` draws printable ASCII (letters, digits, punctuation, space, newline).
+    """
+
+    def __init__(self, max_length: int, *, min_length: int = 0) -> None:
+        super().__init__(max_length, min_length=min_length,
+                         charset=string.ascii_letters + string.digits + string.punctuation + " \n")
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+class Messages(spaces.Sequence):
+    """A list of chat messages ``{"role": str, "content": str}``: the observation space of a TextEnv.
+
+    Gymnasium's ``Sequence`` holds tuples; observations are lists (they are appended to the
+    conversation), so this one holds lists and samples lists.
+    """
+
+    def __init__(self, max_content_chars: int = MAX_MESSAGE_CHARS) -> None:
+        super().__init__(spaces.Dict({"role": AnyText(64, min_length=1), "content": AnyText(max_content_chars)}))
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, list) and all(self.feature_space.contains(m) for m in x)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        return list(super().sample(mask=mask, probability=probability))
 
 
 class StepResult(NamedTuple):
@@ -45,6 +85,27 @@ class TextEnv(gymnasium.Env):
 
     ``task`` is one dataset row (prompt fields plus gold answers); it can also arrive through
     ``reset(options={"task": row})``. ``config`` is an instance (or dict) of :attr:`config_class`.
+
+    The contract core relies on:
+
+    - **Episode reward is the sum of the turn rewards** (the generator, the oracle and
+      ``check_env`` all sum them). The sum must stay inside :attr:`reward_range` for every
+      sequence of actions, and the gold actions must reach its top. An env that wants another rule
+      (the best try, the last answer only) keeps turn rewards at 0 and pays the episode's reward
+      on the turn that ends it.
+    - **Per-episode state lives on the instance and is cleared by** :meth:`reset`. Core makes one
+      env per episode, resets it once and closes it; Gymnasium users may reset one env many times,
+      so an env that keeps counters overrides ``reset`` to clear them and calls ``super().reset``.
+      Resources (sandboxes, connections) are released by ``close()``, which may be called twice.
+    - :meth:`load_dataset` returns the built-in rows of a split, each one a ``task``;
+      :meth:`gold_actions` the actions that solve the current task at full reward (``skyrl check``,
+      ``skyrl rollout --oracle``); :meth:`get_metrics` per-episode numbers, read once after the
+      episode ends (logged as ``env/<name>`` means).
+    - ``info`` keys core reads: ``"error"`` (an infrastructure failure: the episode ends with
+      ``truncated=True``, the trajectory is marked failed and is never trained on). Keys the base
+      class sets: ``"truncated_reason"`` (the turn limit), ``"invalid_action"`` (the default
+      :meth:`reject_action`), ``"traceback"`` (with ``"error"``), ``"max_turns"`` (in ``reset``'s
+      info). All of ``info`` is kept in each trajectory turn, so other keys are free for the env.
     """
 
     config_class: ClassVar[type[EnvConfig]] = EnvConfig
@@ -57,6 +118,8 @@ class TextEnv(gymnasium.Env):
         if config is None or isinstance(config, Mapping):
             config = self.config_class(**dict(config or {}))
         self.config = config
+        self.action_space: AnyText = AnyText(config.max_action_chars)
+        self.observation_space: Messages = Messages()
         self.task: dict[str, Any] = dict(task or {})
         self.turn = 0
         self.done = False
@@ -99,22 +162,39 @@ class TextEnv(gymnasium.Env):
         return StepResult([{"role": "user", "content": problem}], 0.0, False, False, {"invalid_action": problem})
 
     def gold_actions(self) -> list[str] | None:
-        """Actions that solve the current task with full reward (for ``check_env``), if known."""
+        """Actions that solve the current task, played in order from a fresh reset, or ``None``.
+
+        They must terminate the episode with a summed reward equal to the top of
+        :attr:`reward_range` (checked by ``check_env`` and ``skyrl rollout --oracle``).
+        """
         return None
 
     def get_metrics(self) -> dict[str, float]:
-        """Per-episode metrics, read by the generator after the episode ends."""
+        """Per-episode metrics, read once by the generator after the episode ends (before ``close``).
+
+        Values must convert to ``float``; a rollout logs the mean of each as ``env/<name>``.
+        """
         return {}
 
     @classmethod
     def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:
-        """The env's built-in task rows, if it ships any."""
+        """The env's built-in task rows for ``split`` (``"train"``, ``"test"``), if it ships any.
+
+        Each row is one ``task``; a ``name``, ``id`` or ``task_id`` field names it in reports.
+        The same split and config must give the same rows (``skyrl check --all-rows`` names failing
+        rows by their index and name).
+        """
         raise NotImplementedError(f"{cls.__name__} has no built-in dataset; give data files in the config")
 
     # -- the Gymnasium contract -----------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode: clear the turn count and return :meth:`build_prompt`'s messages.
+
+        ``options={"task": row}`` switches to another task. Subclasses with per-episode state
+        override this, clear it, and return ``super().reset(seed=seed, options=options)``.
+        """
         super().reset(seed=seed)
         if options and "task" in options:
             self.task = dict(options["task"])

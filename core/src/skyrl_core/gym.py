@@ -1,7 +1,9 @@
 """Make SkyRL envs through ``gymnasium.make`` under the ``skyrl/`` namespace.
 
 ``gymnasium.make("skyrl_core.gym:skyrl/reverse_text", task=row)`` imports this module first
-(Gymnasium's ``module:id`` form), which registers every installed env as ``skyrl/<id>``.
+(Gymnasium's ``module:id`` form), which registers every installed env as ``skyrl/<id>``. The envs
+declare their spaces (``TextEnv.action_space``, ``TextEnv.observation_space``), so Gymnasium's
+passive checker wraps them like any other env and ``gymnasium.utils.env_checker.check_env`` passes.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ def register_gymnasium_envs() -> list[str]:
     for env_id in get_registry().ids("env"):
         gym_id = f"{NAMESPACE}/{env_id}"
         if gym_id not in gymnasium.registry:
-            # Text envs have no Box/Discrete spaces, so Gymnasium's passive space checker is off.
-            gymnasium.register(id=gym_id, entry_point=_make, kwargs={"env_id": env_id},
-                               disable_env_checker=True, order_enforce=False)
+            gymnasium.register(id=gym_id, entry_point=_make, kwargs={"env_id": env_id}, order_enforce=False)
         ids.append(gym_id)
     return ids
 

@@ -3,24 +3,32 @@
 It plays short episodes and checks: the Gymnasium return shapes and types; that empty, garbage,
 huge and unclosed-tag actions get an observation instead of an exception or an infrastructure
 error, and that an empty action at the last turn (answered by ``TextEnv.reject_action``) still
-ends the episode within the reward range; that the turn limit truncates; that a seed makes
-episodes repeat exactly; that the env's ``gold_actions()`` reach the top of its reward range
-(one check a task, ``gold[i] (task-name)``, played by :func:`skyrl_core.oracle.play_gold`);
-that a fresh env pickles (remote workers); that the async ``astep`` agrees with ``step``; and
-that ``close()`` can be called twice.
+ends the episode within the reward range; that multi-turn episodes (hostile actions turn after
+turn, a wrong answer then the gold ones, a near miss then the gold ones) keep their summed reward
+inside ``reward_range`` after every turn, as the generator sums it; that the turn limit
+truncates; that a seed makes episodes repeat exactly; that each row's prompt builds and the env's
+``gold_actions()`` reach the top of its reward range (one check a task, ``prompt[i]`` and
+``gold[i] (task-name)``, the latter played by :func:`skyrl_core.oracle.play_gold`); that a fresh
+env pickles (remote workers); that the async ``astep`` agrees with ``step``; that ``close()`` can
+be called twice; and that Gymnasium's own ``check_env`` passes without warnings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.oracle import play_gold, row_name
+from skyrl_core.registry import did_you_mean
 
 HOSTILE_ACTIONS: dict[str, str] = {
     "empty": "",
@@ -33,6 +41,21 @@ HOSTILE_ACTIONS: dict[str, str] = {
     "nested_tags": "<answer><answer></answer>",
     "markup_soup": "</solution></sql>``` FINAL( FINAL_VAR( <search></search>",
 }
+
+
+WRONG_ANSWER = "I am not sure."
+
+EPISODES: dict[str, Callable[[list[str]], list[str] | None]] = {
+    "hostile": lambda gold: list(HOSTILE_ACTIONS.values()),
+    "wrong_then_gold": lambda gold: [WRONG_ANSWER, *gold] if gold else None,
+    "near_miss_then_gold": lambda gold: [_near_miss(gold[0]), *gold] if gold else None,
+}
+"""Multi-turn action sequences built from the task's gold actions (``[]`` when it has none);
+``None`` when the sequence needs gold actions the task does not have."""
+
+SKIPPABLE = ("pickle", "turn_limit", "determinism", "astep", "gymnasium", "action", "episode", "prompt", "gold")
+"""Check families ``check_env(skip=...)`` accepts: a family skips all its checks (``"gold"``:
+every ``gold[i]``), a full id one check (``"action:huge"``)."""
 
 
 class EnvCheckError(AssertionError):
@@ -59,13 +82,23 @@ class EnvCheckReport:
 
 def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | None = None,
               config: EnvConfig | Mapping[str, Any] | None = None, n_tasks: int = 2, seed: int = 0,
-              raise_on_failure: bool = True) -> EnvCheckReport:
+              skip: Collection[str] = (), raise_on_failure: bool = True) -> EnvCheckReport:
     """Check an env (registered id or class) against the TextEnv contract.
 
     ``tasks`` default to the first ``n_tasks`` rows of the env's built-in dataset (``0``: all of
-    them). The gold check of row ``i`` has the id ``gold[i]`` and the label ``gold[i] (name)`` when
-    the row has a ``name``, ``id`` or ``task_id``.
+    them). Row ``i`` gets the checks ``prompt[i]`` (its prompt builds into messages) and
+    ``gold[i]`` (its gold actions reach the top of ``reward_range``), labelled ``gold[i] (name)``
+    when the row has a ``name``, ``id`` or ``task_id``.
+
+    ``skip`` names checks that cannot hold for this env, reported as skipped: a family from
+    :data:`SKIPPABLE` or one check id. An env scored by a sampling LLM judge cannot repeat an
+    episode exactly, so it passes ``skip={"determinism"}`` (Gymnasium's checker then treats it as
+    ``nondeterministic`` too, and ``astep`` is compared with ``step`` by shape only).
     """
+    unknown = sorted(name for name in skip if _family(name) not in SKIPPABLE)
+    if unknown:
+        raise ValueError(f"unknown check {unknown[0]!r} in skip.{did_you_mean(unknown[0], list(SKIPPABLE))} "
+                         f"Checks: {', '.join(SKIPPABLE)}")
     cls = env_class(env) if isinstance(env, str) else env
     if not isinstance(config, EnvConfig):
         config = validate_config(cls.config_class, config or {}, "env")
@@ -77,23 +110,32 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     if not tasks:
         raise EnvCheckError(f"{cls.__name__}: no tasks to check with (pass tasks=...)")
     report = EnvCheckReport(env if isinstance(env, str) else cls.__name__)
+    deterministic = "determinism" not in skip
     checks: list[tuple[str, Callable[[], str | None]]] = [
         ("pickle", lambda: _check_pickle(cls, config, tasks[0])),
         ("turn_limit", lambda: _check_turn_limit(cls, config, tasks[0], seed)),
         ("determinism", lambda: _check_determinism(cls, config, tasks[0], seed)),
-        ("astep", lambda: _check_astep(cls, config, tasks[0], seed)),
+        ("astep", lambda: _check_astep(cls, config, tasks[0], seed, deterministic)),
+        ("gymnasium", lambda: _check_gymnasium(cls, config, tasks[0], deterministic)),
     ]
     for name in HOSTILE_ACTIONS:
         checks.append((f"action:{name}", lambda n=name: _check_action(cls, config, tasks[0], seed, HOSTILE_ACTIONS[n])))
     checks.append(("action:huge", lambda: _check_action(cls, config, tasks[0], seed, "x" * (config.max_action_chars + 1))))
     checks.append(("action:empty_at_turn_limit",
                    lambda: _check_action(cls, config, tasks[0], seed, "", turn=config.max_turns)))
+    for name, sequence in EPISODES.items():
+        checks.append((f"episode:{name}", lambda s=sequence: _check_episode(cls, config, tasks[0], seed, s)))
     for i, task in enumerate(tasks):
         name = row_name(task)
-        if name is not None:
-            report.labels[f"gold[{i}]"] = f"gold[{i}] ({name})"
+        for check_id in (f"prompt[{i}]", f"gold[{i}]"):
+            if name is not None:
+                report.labels[check_id] = f"{check_id} ({name})"
+        checks.append((f"prompt[{i}]", lambda t=task: _check_prompt(cls, config, t, seed)))
         checks.append((f"gold[{i}]", lambda t=task: _check_gold(cls, config, t, seed)))
     for name, check in checks:
+        if name in skip or _family(name) in skip:
+            report.skipped.append(name)
+            continue
         try:
             outcome = check()
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not just the first
@@ -108,6 +150,11 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     if report.failed and raise_on_failure:
         raise EnvCheckError(f"{report.env} failed {len(report.failed)} check(s):\n  " + "\n  ".join(report.failed))
     return report
+
+
+def _family(check: str) -> str:
+    """``"action:huge"`` -> ``"action"``, ``"gold[2]"`` -> ``"gold"``."""
+    return check.split(":")[0].split("[")[0]
 
 
 class _Episode:
@@ -159,12 +206,12 @@ def _check_pickle(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any]
 
 def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int, action: str,
                   turn: int = 1) -> str | None:
-    """Play ``action`` as turn number ``turn`` (earlier turns say "I am not sure.")."""
+    """Play ``action`` as turn number ``turn`` (earlier turns are :data:`WRONG_ANSWER`)."""
     with _Episode(cls, config, task, seed) as (env, (obs, info)):
         problem = _messages_problem(obs, "reset() observation") or (None if isinstance(info, dict) else "reset() info must be a dict")
         if problem:
             return problem
-        _play(env, ["I am not sure."] * (turn - 1))
+        _play(env, [WRONG_ANSWER] * (turn - 1))
         if env.done:
             return "skip"  # the episode ended before the turn under test
         result = env.step(action)
@@ -186,7 +233,7 @@ def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any]
 def _check_turn_limit(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
     with _Episode(cls, config, task, seed) as (env, _):
         for _turn in range(config.max_turns):
-            result = env.step("I am not sure.")
+            result = env.step(WRONG_ANSWER)
             if result.terminated or result.truncated:
                 return None
         return f"episode still running after max_turns={config.max_turns} actions; expected truncated=True"
@@ -203,7 +250,7 @@ def _play(env: TextEnv, actions: Sequence[str]) -> list[tuple[Any, ...]]:
 
 
 def _check_determinism(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
-    actions = ["I am not sure.", "<answer>maybe</answer>"]
+    actions = [WRONG_ANSWER, "<answer>maybe</answer>"]
     runs = []
     for _ in range(2):
         with _Episode(cls, config, task, seed) as (env, (obs, _info)):
@@ -213,17 +260,74 @@ def _check_determinism(cls: type[TextEnv], config: EnvConfig, task: Mapping[str,
     return None
 
 
-def _check_astep(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
+def _check_astep(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int,
+                 deterministic: bool) -> str | None:
+    """``astep`` returns a well-formed step, the same as ``step``'s where the env is deterministic."""
     with _Episode(cls, config, task, seed) as (env, _):
-        sync = env.step("I am not sure.")
+        sync = env.step(WRONG_ANSWER)
     with _Episode(cls, config, task, seed) as (env, _):
-        async_result = asyncio.run(env.astep("I am not sure."))
+        async_result = asyncio.run(env.astep(WRONG_ANSWER))
     problem = _shape_problem(async_result)
     if problem:
         return f"astep: {problem}"
-    if (sync.observation, sync.reward, sync.terminated, sync.truncated) != async_result[:4]:
+    if deterministic and (sync.observation, sync.reward, sync.terminated, sync.truncated) != async_result[:4]:
         return "astep() and step() disagree on the same action"
     env.close()  # a second close must be harmless
+    return None
+
+
+def _check_prompt(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
+    with _Episode(cls, config, task, seed) as (env, (obs, _info)):
+        if obs not in env.observation_space:
+            return _messages_problem(obs, "the prompt") or "the prompt is not in the observation space"
+        if not obs:
+            return "the prompt has no messages"
+    return None
+
+
+def _near_miss(action: str) -> str:
+    """``action`` with its middle character changed: an answer that is almost right."""
+    middle = len(action) // 2
+    return action[:middle] + ("y" if action[middle:middle + 1] == "x" else "x") + action[middle + 1:]
+
+
+def _check_episode(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int,
+                   sequence: Callable[[list[str]], list[str] | None]) -> str | None:
+    """Play the sequence until the episode ends; the summed reward stays in range after every turn."""
+    low, high = cls.reward_range
+    with _Episode(cls, config, task, seed) as (env, _):
+        actions = sequence(list(env.gold_actions() or []))
+        if actions is None:
+            return "skip"
+        total = 0.0
+        for turn, action in enumerate(actions, start=1):
+            result = env.step(action)
+            if result.info.get("error"):
+                return f"turn {turn} ended in an infrastructure error: {result.info['error']}"
+            total += result.reward
+            if not low - 1e-9 <= total <= high + 1e-9:
+                return (f"the episode's summed reward is {total:g} after turn {turn}, outside reward_range "
+                        f"{cls.reward_range} (the generator sums turn rewards; pay the episode's reward once)")
+            if result.terminated or result.truncated:
+                break
+    return None
+
+
+def _check_gymnasium(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], deterministic: bool) -> str | None:
+    """Gymnasium's ``check_env`` on the env; its errors and its warnings are problems."""
+    env = cls(task=task, config=config)
+    env.spec = EnvSpec(id=f"skyrl/{cls.__name__}", entry_point=cls, kwargs={"task": dict(task), "config": config},
+                       nondeterministic=not deterministic)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gymnasium_check_env(env)
+    except AssertionError as exc:
+        return f"gymnasium's check_env: {exc}"
+    finally:
+        env.close()
+    if caught:
+        return "gymnasium's check_env warned: " + "; ".join(str(w.message) for w in caught)
     return None
 
 

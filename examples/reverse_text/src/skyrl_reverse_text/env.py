@@ -1,8 +1,13 @@
 """A deterministic multi-turn env: the model must reverse a string.
 
 Action format: ``<answer>reversed text</answer>``. A correct answer ends the episode with reward
-1.0. A wrong or malformed answer gets feedback and another try until ``max_turns``; the reward of
-a wrong answer is the fraction of leading characters it got right, scaled by ``partial_credit``.
+1.0. A wrong or malformed answer gets feedback and another try until ``max_turns``.
+
+The generator sums the rewards of an episode's turns, so the episode's reward is paid once, on the
+turn that ends it: earlier tries score 0, and a wrong answer on the last try scores the fraction of
+leading characters it got right, scaled by ``partial_credit``. (Paying partial credit on every try
+would let a deliberately wrong first answer plus a right second one score 1.4, above the declared
+``reward_range`` of (0, 1): a policy would learn to do exactly that.)
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ class ReverseTextEnv(TextEnv):
         if answer == target:
             return StepResult([], 1.0, True, False, {"format_ok": True, "correct": True})
         prefix = next((i for i, (a, b) in enumerate(zip(answer, target, strict=False)) if a != b), min(len(answer), len(target)))
-        reward = self.config.partial_credit * prefix / len(target)
+        last_try = self.turn >= self.max_turns
+        reward = self.config.partial_credit * prefix / len(target) if last_try else 0.0
         feedback = f"Not quite: the first {prefix} characters are right. Try again."
         return StepResult([{"role": "user", "content": feedback}], reward, False, False,
                           {"format_ok": True, "correct": False})
