@@ -2,7 +2,8 @@
 
 Every ``register_*`` hook receives a ``register`` callback and calls it once per component it
 provides (zero or many times); core records which distribution supplied each id. Observer hooks
-(``on_*``) are events: they return nothing and must not raise.
+(``on_*``) are events: they return nothing; one that raises is logged once (naming its plugin) and never
+fails an episode or a step.
 
 Plugins import :data:`skyrl_core.hookimpl` and never pluggy itself::
 
@@ -79,7 +80,7 @@ def register_commands(cli: typer.Typer) -> None:
     """
 
 
-# -- observers: events fired while running; implementations must be cheap and must not raise ----
+# -- observers: events fired while running; implementations must be cheap (a raise is caught and logged) --
 
 
 @hookspec

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from skyrl_core.factory import ConfigError
 from skyrl_core.trajectory import Trajectory
 
 
-class UntrainableTrajectoryError(ValueError):
+class UntrainableTrajectoryError(ConfigError):  # a ConfigError: `skyrl run` reports it in one line
     """A batch holds trajectories that are marked not trainable (``Trajectory.trainable`` is false)."""
 
 
