@@ -32,7 +32,7 @@ from .box import RunResult
 from .cgroups import WorkerCgroup, cgroup_support
 from .dirs import make_host_dir
 from .errors import BackendUnavailable, SandboxError
-from .launch import _SYSTEM_DIRS
+from .launch import bwrap_base_argv
 from .machine import AGENT_UID, Machine, MachineSpec, base_env
 from .seccomp import build_filter
 from .terminal import SHELL_ARGV, TerminalSession
@@ -125,14 +125,7 @@ class BwrapMachine(Machine):
     def _argv(self, as_agent: bool, cwd: str, seccomp_fd: int | None) -> list[str]:
         uid = AGENT_UID if as_agent and not self.spec.agent_is_root else 0
         who = "agent" if as_agent else "root"
-        argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-                "--die-with-parent", "--cap-drop", "ALL", "--uid", str(uid), "--gid", str(uid),
-                "--hostname", self.spec.hostname, "--ro-bind", "/usr", "/usr"]
-        for path in _SYSTEM_DIRS:
-            if os.path.islink(path):
-                argv += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                argv += ["--ro-bind", path, path]
+        argv = bwrap_base_argv(uid, self.spec.hostname)  # no --new-session: the shell's pty is its terminal
         for name in _ETC_FILES:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         argv += ["--ro-bind", str(self.host_dir / "etc" / f"passwd-{who}"), "/etc/passwd",

@@ -13,21 +13,19 @@ import io
 import logging
 import posixpath
 import socket
-import struct
 import tarfile
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from .box import RunResult
-from .docker_engine import _remove, owner_labels, shared_client, sweep_once
+from .docker_engine import _HEADER, _remove, owner_labels, shared_client, sweep_once
 from .errors import BackendUnavailable, SandboxError
 from .machine import AGENT_UID, Machine, MachineSpec, base_env
 from .terminal import SHELL_ARGV, TerminalSession
 
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct(">BxxxI")
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID"]
 _KEEPALIVE = ["sleep", "infinity"]
 _KILL_ROUNDS = 200

@@ -107,16 +107,22 @@ def plan_subprocess(program: WorkerProgram, host_dir: Path, limits: Limits) -> L
                       inside_tmp=tmp, inside_inbox=inbox, inside_read_roots=read_roots)
 
 
-def plan_bwrap(program: WorkerProgram, host_dir: Path, limits: Limits) -> LaunchPlan:
+def bwrap_base_argv(uid: int, hostname: str) -> list[str]:
+    """bubblewrap with fresh namespaces, no capabilities, ``uid`` inside, and the host's system folders read-only."""
     argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000",
-            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+            "--die-with-parent", "--cap-drop", "ALL", "--uid", str(uid), "--gid", str(uid),
+            "--hostname", hostname, "--ro-bind", "/usr", "/usr"]
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
-    argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    return argv
+
+
+def plan_bwrap(program: WorkerProgram, host_dir: Path, limits: Limits) -> LaunchPlan:
+    argv = [*bwrap_base_argv(1000, "sandbox"), "--new-session",
+            "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     prefix = os.path.realpath(sys.base_prefix)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
