@@ -33,6 +33,10 @@ TINY_RANDOM_SEED = 0
 # Tokens that chat templates use to close a turn, tried when the tokenizer's EOS is not one of them.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
 _COMPLETE_MARKER = ".skyrl-complete"
+# Written next to _COMPLETE_MARKER by convert_smollm2_gguf; bump it whenever the conversion changes so
+# folders converted by an older recipe are rebuilt. v2: the tokenizer splits digits like llama.cpp's
+# "smollm" pre-tokenizer (v1 folders have no marker).
+_SMOLLM2_CONVERSION_MARKER = ".skyrl-gguf-conversion-v2"
 
 
 class ModelLoadError(RuntimeError):
@@ -168,6 +172,7 @@ def convert_smollm2_gguf(target: Path) -> Path:
 
     gguf = smollm2_gguf_path()
     tokenizer = ensure_end_of_turn_eos(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    _match_gguf_pre_tokenizer(tokenizer, gguf)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The loaded model is tagged as GGUF-quantized and refuses to save; rebuild a plain one from its
     # (already dequantized) tensors.
@@ -177,15 +182,34 @@ def convert_smollm2_gguf(target: Path) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict(), strict=True)
     plain.generation_config.eos_token_id = tokenizer.eos_token_id
-    _save_folder(plain, tokenizer, target)
+    _save_folder(plain, tokenizer, target, markers=(_SMOLLM2_CONVERSION_MARKER,))
     return target
+
+
+def _match_gguf_pre_tokenizer(tokenizer: Any, gguf_file: Path) -> None:
+    """Give the tokenizer the pre-tokenizer that the GGUF's ``tokenizer.ggml.pre`` names.
+
+    transformers' GGUF loader always builds a plain GPT-2 ``ByteLevel`` pre-tokenizer. llama.cpp's
+    ``smollm`` pre-tokenizer (like SmolLM2's own tokenizer.json) first splits every numeric character
+    on its own (``Digits(individual_digits=True)``); without it ``" ½"`` or ``"x²"`` tokenise differently.
+    """
+    from gguf import GGUFReader
+    from tokenizers import pre_tokenizers
+
+    field = GGUFReader(gguf_file).fields.get("tokenizer.ggml.pre")
+    if field is None or field.contents() != "smollm":
+        return
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
 
 
 def _smollm2_source() -> str:
     if _in_hf_cache(SMOLLM2_HUB_ID):
         return SMOLLM2_HUB_ID
     cached = cache_dir() / SMOLLM2
-    if (cached / _COMPLETE_MARKER).exists():
+    if (cached / _COMPLETE_MARKER).exists() and (cached / _SMOLLM2_CONVERSION_MARKER).exists():
         return str(cached)
     if hub_reachable():
         return SMOLLM2_HUB_ID
@@ -251,14 +275,15 @@ def _from_pretrained(auto_cls: Any, source: str, name: str, **kwargs: Any) -> An
         raise ModelLoadError(f"could not load {auto_cls.__name__} for model {name!r} from {source!r}: {exc}") from exc
 
 
-def _save_folder(model: Any, tokenizer: Any, target: Path) -> None:
+def _save_folder(model: Any, tokenizer: Any, target: Path, markers: tuple[str, ...] = ()) -> None:
     """Write to a temporary sibling and rename, so a half-written folder is never used."""
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    (partial / _COMPLETE_MARKER).write_text("")
+    for marker in (*markers, _COMPLETE_MARKER):
+        (partial / marker).write_text("")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
 
