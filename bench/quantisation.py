@@ -245,8 +245,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="perturbation seeds for (c)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--sample-seeds", type=int, default=3, help="samples per prompt for entropy at T>0")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (0: torch's default; 1 is much faster on a busy shared machine)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from gguf import GGUFReader
     from skyrl_trainers import models
