@@ -367,3 +367,42 @@ async def test_a_failing_forward_fails_its_batch_and_the_engine_keeps_serving(en
     handle.remove()
     assert all(isinstance(r, RuntimeError) and "out of memory" in str(r) for r in results)
     assert (await engine.generate(prompts[0], GREEDY)).token_ids
+
+
+def test_roomy_cache_layer_appends_in_place_and_matches_a_plain_layer():
+    from skyrl_trainers.engines.hf import _RoomyLayer
+    from transformers.cache_utils import DynamicLayer
+
+    generator = torch.Generator().manual_seed(0)
+    plain, roomy = DynamicLayer(), DynamicLayer()
+    prefill = torch.randn(4, 2, 5, 8, generator=generator), torch.randn(4, 2, 5, 8, generator=generator)
+    plain.update(*prefill)
+    roomy.update(*prefill)
+    roomy.__class__ = _RoomyLayer
+    pointers = set()
+    for step in range(12):
+        rows = plain.keys.shape[0]
+        new = torch.randn(rows, 2, 1, 8, generator=generator), torch.randn(rows, 2, 1, 8, generator=generator)
+        expected, got = plain.update(*new), roomy.update(*new)
+        assert all(torch.equal(e, g) for e, g in zip(expected, got, strict=True))
+        pointers.add(roomy.keys.data_ptr())
+        if step == 4:  # two rows leave the batch
+            for layer in (plain, roomy):
+                layer.batch_select_indices(torch.tensor([0, 2]))
+        if step == 8:  # replaced from outside (as a merge does): moved to new buffers at the next update
+            for layer in (plain, roomy):
+                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+    assert len(pointers) == 3  # one buffer for the first steps, one after the selection, one after the replacement
+
+
+async def test_sampled_rows_leaving_the_batch_at_different_steps_match_their_solo_runs(engine):
+    prompts = chat_prompts(engine.tokenizer, 3)
+    params = [SamplingParams(max_tokens=n, temperature=1.0, seed=10 + n) for n in (3, 9, 20, 14)]
+    requests = [(prompts[i % 3], p) for i, p in enumerate(params)]
+    alone = [await engine.generate(prompt, p) for prompt, p in requests]
+    batching = batching_engine(engine, len(requests))
+    together = await asyncio.gather(*(batching.generate(prompt, p) for prompt, p in requests))
+    assert batching.batch_sizes == [len(requests)]
+    for a, b in zip(alone, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

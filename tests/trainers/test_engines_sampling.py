@@ -60,3 +60,30 @@ def test_sampling_frequencies_follow_the_processed_distribution():
         counts[token] += 1
     expected = math.exp(log_normalised([2.0, 1.0])[0])
     assert counts[2:].sum() == 0 and counts[0] / 2000 == pytest.approx(expected, abs=0.04)
+
+
+def test_sampling_over_a_large_vocabulary_follows_the_distribution_across_blocks():
+    # 1000 tokens (blocks of 256, the last one partial): the mass sits on a few tokens in different
+    # blocks, the rest is masked out by top-k; frequencies and logprobs match the processed distribution.
+    logits = torch.full((1, 1000), -30.0)
+    hot = [3, 255, 256, 700, 999]
+    logits[0, hot] = torch.tensor([1.0, 0.5, 2.0, 0.0, 1.5])
+    generator = torch.Generator().manual_seed(1)
+    rows = [RowParams(1.0, 5, 1.0, generator)] * 4  # four rows sharing one generator
+    expected = processed_logprobs(logits, rows[:1])[0]
+    counts = torch.zeros(1000)
+    for _ in range(1000):
+        tokens, logprobs = sample_next(logits.repeat(4, 1), rows)
+        counts.index_add_(0, tokens, torch.ones(4))
+        assert logprobs.tolist() == pytest.approx(expected[tokens].tolist(), abs=1e-5)
+    assert set(counts.nonzero().squeeze(1).tolist()) == set(hot)
+    assert (counts[hot] / 4000).tolist() == pytest.approx(expected[hot].exp().tolist(), abs=0.03)
+
+
+def test_greedy_and_sampled_rows_mix_in_raw_mode():
+    logits = torch.randn(3, 600, generator=torch.Generator().manual_seed(0))
+    rows = [row(temperature=0), row(temperature=0.7, seed=1), row(temperature=0)]
+    tokens, logprobs = sample_next(logits, rows, "raw")
+    raw = torch.log_softmax(logits, -1)
+    assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
+    assert logprobs.tolist() == pytest.approx(raw.gather(1, tokens[:, None]).squeeze(1).tolist(), abs=1e-5)

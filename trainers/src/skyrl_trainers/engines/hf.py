@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
+from transformers.cache_utils import DynamicLayer
 
 from skyrl_trainers.engines.batcher import ContinuousBatcher, Session
 from skyrl_trainers.engines.sampling import LogprobMode, RowParams, sample_next
@@ -83,7 +84,7 @@ class _Batch:
     def mergeable(self) -> bool:
         """New rows can join only caches made of plain growing layers (not sliding-window or static ones)."""
         layers = getattr(self.cache, "layers", None)
-        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+        return bool(layers) and all(type(layer) in (DynamicLayer, _RoomyLayer) for layer in layers)
 
     def merge(self, other: _Batch) -> _Batch:
         """Both batches as one: the shorter cache and mask are left-padded to the longer one's length."""
@@ -92,6 +93,7 @@ class _Batch:
             mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
             mine.values = torch.cat([_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)])
         mask = torch.cat([_pad_left(self.attention_mask, width, 1), _pad_left(other.attention_mask, width, 1)])
+        _give_room(self.cache)
         return _Batch(self.rows + other.rows, self.cache, torch.cat([self.logits, other.logits]), mask,
                       torch.cat([self.next_position, other.next_position]))
 
@@ -215,6 +217,7 @@ class HFEngine:
             index = torch.tensor(row_of, device=self.device)
             cache.batch_select_indices(index)
             logits, attention_mask, next_position = logits[index], attention_mask[index], next_position[index]
+        _give_room(cache)
         return _Batch(list(requests), cache, logits, attention_mask, next_position)
 
     def _step(self, batch: _Batch, tokens: torch.Tensor) -> _Batch:
@@ -246,6 +249,64 @@ class HFEngine:
         text = self.tokenizer.decode(request.token_ids, skip_special_tokens=False)
         return GenerateOutput(request.token_ids, request.logprobs, request.stop_reason, text,
                               metadata={"weight_version": request.weight_version})
+
+
+class _RoomyLayer(DynamicLayer):
+    """A :class:`DynamicLayer` whose keys and values are the front of buffers with room to grow.
+
+    A decode step writes its new key and value in place instead of copying the whole layer with
+    ``torch.cat`` (which a plain ``DynamicLayer`` does every step). Anything that replaces ``keys``
+    or ``values`` (merging batches, cropping) just makes the next ``update`` move them to new buffers.
+    """
+
+    room = 64  # spare positions allocated each time the buffers are (re)made
+    _key_buffer: torch.Tensor | None = None
+    _value_buffer: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized or self.keys.numel() == 0:
+            return super().update(key_states, value_states, *args, **kwargs)
+        length, end = self.keys.shape[-2], self.keys.shape[-2] + key_states.shape[-2]
+        if not (_front_of(self.keys, self._key_buffer, end) and _front_of(self.values, self._value_buffer, end)):
+            self._key_buffer = _with_room(self.keys, end + self.room)
+            self._value_buffer = _with_room(self.values, end + self.room)
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._key_buffer[:, :, length:end] = key_states
+        self._value_buffer[:, :, length:end] = value_states
+        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Only the rows at ``indices``, buffers included (one copy, no second one at the next update)."""
+        length = self.get_seq_length()
+        if length and _front_of(self.keys, self._key_buffer, length) and _front_of(
+                self.values, self._value_buffer, length):
+            assert self._key_buffer is not None and self._value_buffer is not None
+            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
+            self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
+        else:
+            super().batch_select_indices(indices)
+
+
+def _front_of(tensor: torch.Tensor, buffer: torch.Tensor | None, end: int) -> bool:
+    """Whether ``tensor`` is ``buffer[:, :, :n]`` for some n, and the buffer holds ``end`` positions."""
+    return (buffer is not None and end <= buffer.shape[2] and tensor.data_ptr() == buffer.data_ptr()
+            and tensor.shape[:2] == buffer.shape[:2] and tensor.shape[3:] == buffer.shape[3:]
+            and tensor.stride() == buffer.stride() and tensor.dtype == buffer.dtype)
+
+
+def _with_room(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
+    buffer = tensor.new_empty((*tensor.shape[:2], capacity, *tensor.shape[3:]))
+    buffer[:, :, :tensor.shape[2]] = tensor
+    return buffer
+
+
+def _give_room(cache: Any) -> None:
+    """Make the plain growing layers of ``cache`` :class:`_RoomyLayer` (same state, in-place appends)."""
+    for layer in getattr(cache, "layers", None) or []:
+        if type(layer) is DynamicLayer:
+            layer.__class__ = _RoomyLayer
 
 
 def resolve_device(device: str) -> str:

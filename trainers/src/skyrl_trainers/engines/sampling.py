@@ -35,38 +35,91 @@ class RowParams:
 
 def sample_next(logits: torch.Tensor, rows: Sequence[RowParams], mode: LogprobMode = "processed"
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sampled token ids ``(B,)`` and their logprobs ``(B,)`` for ``logits`` of shape ``(B, V)``."""
+    """Sampled token ids ``(B,)`` and their logprobs ``(B,)`` for ``logits`` of shape ``(B, V)``.
+
+    Each sampled row draws one uniform number from its own generator and takes the token where it
+    falls in the row's cumulative distribution (inverse-CDF sampling), so a seeded row gives the same
+    tokens whatever it is batched with. Only the logprobs of the chosen tokens are computed (from
+    one log-sum-exp per row), never a full ``(B, V)`` log-softmax that the caller would not read.
+    """
     logits = logits.float()
-    raw = torch.log_softmax(logits, dim=-1)
-    greedy = torch.tensor([r.temperature == 0 for r in rows], device=logits.device)
-    tokens = raw.argmax(dim=-1)
-    logprobs = raw.gather(1, tokens[:, None]).squeeze(1)
-    if bool(greedy.all()):
-        return tokens, logprobs
-    processed = processed_logprobs(logits, rows)
-    probs = processed.exp()
-    for i, row in enumerate(rows):
-        if row.temperature > 0:
-            tokens[i] = torch.multinomial(probs[i], 1, generator=row.generator)[0]
-    chosen = processed if mode == "processed" else raw
-    sampled_logprobs = chosen.gather(1, tokens[:, None]).squeeze(1)
-    return tokens, torch.where(greedy, logprobs, sampled_logprobs)
+    sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
+    if len(sampled) < len(rows):
+        tokens = logits.argmax(dim=-1)
+        raw = _chosen_logprobs(logits, tokens, logits.logsumexp(dim=-1))
+    if not sampled:
+        return tokens, raw
+    if len(sampled) < len(rows):
+        sampled_rows = [rows[i] for i in sampled]
+        scaled = _processed_logits(logits[sampled], sampled_rows)
+    else:
+        sampled_rows, scaled = list(rows), _processed_logits(logits, rows)
+    peak = scaled.amax(dim=-1, keepdim=True)
+    mass = (scaled - peak).exp_()  # unnormalised probabilities; masked tokens have 0
+    uniform = torch.cat([torch.rand(1, generator=r.generator, device=logits.device, dtype=torch.float64)
+                         for r in sampled_rows])
+    chosen, total = _inverse_cdf(mass, uniform)
+    if mode == "processed":
+        lse = peak.squeeze(1).double() + total.log()
+        chosen_logprobs = (scaled.gather(1, chosen[:, None]).squeeze(1).double() - lse).float()
+    if len(sampled) == len(rows):
+        return chosen, chosen_logprobs if mode == "processed" else _chosen_logprobs(
+            logits, chosen, logits.logsumexp(dim=-1))
+    index = torch.tensor(sampled, device=logits.device)
+    tokens = tokens.index_copy(0, index, chosen)
+    if mode == "processed":
+        return tokens, raw.index_copy(0, index, chosen_logprobs)
+    return tokens, _chosen_logprobs(logits, tokens, logits.logsumexp(dim=-1))
+
+
+def _inverse_cdf(mass: torch.Tensor, uniform: torch.Tensor, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the first token whose cumulative mass exceeds ``uniform * total``, and the total (float64).
+
+    Two levels, so that no full-vocabulary cumulative sum is needed: the block holding the token is
+    found from per-block sums, then the token from a cumulative sum inside that block only.
+    """
+    rows, vocab = mass.shape
+    if vocab % block:
+        mass = torch.nn.functional.pad(mass, (0, block - vocab % block))
+    blocks = mass.view(rows, -1, block)
+    sums = blocks.sum(dim=-1).double()  # float32 partial sums: a float64 copy of the whole row costs more
+    ends = sums.cumsum(dim=-1)
+    total = ends[:, -1]
+    target = (uniform * total)[:, None]
+    b = torch.searchsorted(ends, target, right=True).clamp_(max=ends.shape[1] - 1)
+    inner = blocks[torch.arange(rows, device=mass.device), b.squeeze(1)]
+    inner_ends = (ends.gather(1, b) - sums.gather(1, b)) + inner.cumsum(dim=-1, dtype=torch.float64)
+    j = torch.searchsorted(inner_ends, target, right=True).squeeze(1)
+    # Rounding can put the target past the block's last token of nonzero mass: take that token.
+    last = block - 1 - (inner > 0).flip(-1).to(torch.int8).argmax(dim=-1)
+    return b.squeeze(1) * block + torch.minimum(j, last), total
+
+
+def _chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    return logits.gather(1, tokens[:, None]).squeeze(1) - lse
+
+
+def _processed_logits(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+    """Temperature-scaled logits with tokens outside top-k / top-p set to -inf (not normalised)."""
+    vocab = logits.shape[-1]
+    scaled = logits
+    if any(r.temperature != 1.0 for r in rows):
+        temperature = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows],
+                                   device=logits.device, dtype=logits.dtype)
+        scaled = logits / temperature[:, None]
+    if not any(0 < r.top_k < vocab or r.top_p < 1.0 for r in rows):
+        return scaled
+    top_k = torch.tensor([r.top_k if 0 < r.top_k < vocab else vocab for r in rows], device=logits.device)
+    top_p = torch.tensor([r.top_p for r in rows], device=logits.device, dtype=logits.dtype)
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    drop = rank >= top_k[:, None]
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop |= mass_before >= top_p[:, None]  # the most likely token is always kept (mass_before = 0)
+    return scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
 
 
 def processed_logprobs(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
     """``log_softmax`` of temperature-scaled logits with tokens outside top-k / top-p set to -inf."""
-    vocab = logits.shape[-1]
-    temperature = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows],
-                               device=logits.device, dtype=logits.dtype)
-    scaled = logits / temperature[:, None]
-    top_k = torch.tensor([r.top_k if 0 < r.top_k < vocab else vocab for r in rows], device=logits.device)
-    top_p = torch.tensor([r.top_p for r in rows], device=logits.device, dtype=logits.dtype)
-    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        rank = torch.arange(vocab, device=logits.device)[None, :]
-        drop = rank >= top_k[:, None]
-        sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop |= mass_before >= top_p[:, None]  # the most likely token is always kept (mass_before = 0)
-        scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
-    return torch.log_softmax(scaled, dim=-1)
+    return torch.log_softmax(_processed_logits(logits.float(), rows), dim=-1)
