@@ -94,6 +94,30 @@ def test_env_spec_can_name_its_default_generator(skyrl_plugin_manager, register_
     assert resolve(explicit, registry=registry, need_trainer=False).generator_id == "default"
 
 
+def test_env_run_defaults_are_the_lowest_layer_and_skip_options_a_component_lacks(skyrl_plugin_manager,
+                                                                                   register_skyrl_plugin):
+    from skyrl_core import EnvSpec, hookimpl
+    from skyrl_core.config import env_run_defaults
+
+    class PresetPlugin:
+        @hookimpl
+        def register_envs(self, register):
+            register(EnvSpec(id="preset_env", entry_point="skyrl_reverse_text.env:ReverseTextEnv", run_defaults={
+                "env": {"max_turns": 4, "partial_credit": 0.25},
+                "generator": {"temperature": 0.7, "n_samples_per_prompt": 6},
+                "engine": {"not_an_openai_option": 1}}))
+
+    register_skyrl_plugin(PresetPlugin())
+    registry = skyrl_plugin_manager.registry
+    layers = [{"env": {"id": "preset_env"}, "engine": {"id": "openai"}}, parse_overrides(["env.max_turns=2"])]
+    defaults = env_run_defaults(layers, registry)
+    assert "engine" not in defaults  # the openai engine declares no such option: left out, not an error
+    cfg = resolve(defaults, *layers, registry=registry, need_trainer=False)
+    assert cfg.env.max_turns == 2 and cfg.env.partial_credit == 0.25  # an override beats the env's default
+    assert cfg.generator.temperature == 0.7 and cfg.generator.n_samples_per_prompt == 6
+    assert env_run_defaults([{"env": {"id": "no_such_env"}}], registry) == {}
+
+
 def test_nested_config_errors_name_the_nested_keys():
     from pydantic import BaseModel, ConfigDict
     from skyrl_core.factory import validate_config

@@ -74,7 +74,7 @@ def _listing_command(kind: Kind) -> Any:
         for row in rows:
             meta = ", ".join(f"{k}={v}" for k, v in row.items()
                              if k not in {"id", "provider", "version", "description", "clash"}
-                             and v not in (None, False))
+                             and v not in (None, False) and v != {})
             table.add_row(row["id"] + (" (CLASH)" if row["clash"] else ""), f"{row['provider']} {row['version']}",
                           row["description"], meta)
         Console().print(table)
@@ -314,8 +314,12 @@ def run_command(
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder."),
     overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
-    """Train a policy on an env: resolves env, generator, engine and trainer through the registry."""
-    from skyrl_core.config import build_config
+    """Train a policy on an env: resolves env, generator, engine and trainer through the registry.
+
+    Options the env recommends for a run (its spec's run_defaults, shown by `skyrl envs`) come first;
+    --config, flags and overrides replace them.
+    """
+    from skyrl_core.config import build_config, env_run_defaults
     from skyrl_core.data import DataError
     from skyrl_core.engine import EngineError
     from skyrl_core.factory import ConfigError
@@ -325,7 +329,8 @@ def run_command(
         flags["run"] = {"resume": str(resume)}
     registry = get_plugin_manager().registry
     try:
-        cfg = build_config(*_config_layers(env, config_file, overrides, flags), registry=registry)
+        layers = _config_layers(env, config_file, overrides, flags)
+        cfg = build_config(env_run_defaults(layers, registry), *layers, registry=registry)
         trainer_cls = registry.get("trainer", trainer).load()
         summary = trainer_cls(cfg).fit()
     except (ConfigError, RegistryError, DataError, EngineError) as exc:

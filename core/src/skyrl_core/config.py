@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from skyrl_core.factory import ConfigError, component_config, validate_config
+from skyrl_core.factory import ConfigError, component_config, config_fields, validate_config
 from skyrl_core.registry import Kind, Registry, did_you_mean
 
 SECTIONS: dict[str, Kind] = {"env": "env", "trainer": "trainer", "generator": "generator", "engine": "engine"}
@@ -125,6 +125,34 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
     return data
+
+
+def env_run_defaults(layers: Sequence[Mapping[str, Any]], registry: Registry) -> dict[str, Any]:
+    """The env's ``run_defaults`` for the components ``layers`` choose, as a config layer to put first.
+
+    Only options that the chosen component's config declares are kept (a recommendation for
+    ``fsdp_grpo`` must not break a run with another trainer); an unknown env id gives ``{}`` here
+    and its did-you-mean error from :func:`build_config`.
+    """
+    raw: dict[str, Any] = {}
+    for layer in layers:
+        raw = merge(raw, layer)
+    env_id = raw.get("env", {}).get("id")
+    if not registry.has("env", str(env_id)):
+        return {}
+    spec = registry.get("env", str(env_id))
+    ids = {**DEFAULT_IDS, **({"generator": spec.default_generator} if spec.default_generator else {}), "env": env_id}
+    layer: dict[str, Any] = {}
+    for section, options in spec.run_defaults.items():
+        component_id = raw.get(section, {}).get("id", ids.get(section))
+        kind = SECTIONS.get(section)
+        if kind is None or component_id is None or not registry.has(kind, str(component_id)):
+            continue
+        declared = config_fields(kind, str(component_id), registry)
+        kept = {key: value for key, value in options.items() if key in declared}
+        if kept:
+            layer[section] = kept
+    return layer
 
 
 def build_config(*layers: Mapping[str, Any], registry: Registry, need_trainer: bool = True) -> ResolvedConfig:

@@ -66,6 +66,15 @@ def component_config(kind: Kind, id: str, values: Mapping[str, Any] | None = Non
     return validate_config(model, values or {}, kind)
 
 
+def config_fields(kind: Kind, id: str, registry: Registry | None = None) -> set[str]:
+    """Option names that component ``id`` accepts (empty when it takes none)."""
+    spec = (registry or get_registry()).get(kind, id)
+    model = spec.config_class()
+    if model is None and kind == "env":
+        model = env_class(id, registry).config_class
+    return set(model.model_fields) if model is not None else set()
+
+
 def env_class(env_id: str, registry: Registry | None = None) -> type[TextEnv]:
     cls = (registry or get_registry()).get("env", env_id).load()
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
@@ -80,12 +81,16 @@ class EnvSpec(ComponentSpec):
     default_generator: str | None = None
     # Stop strings the env's action format needs (e.g. "</sql>"); generators add them to generator.stop.
     stop: tuple[str, ...] = ()
+    # Recommended options for `skyrl run` on this env, per section ({"trainer": {"lr": 2e-5}, ...}): the
+    # lowest config layer, so a config file or override always wins; options a chosen component does not
+    # declare are left out. Lets `skyrl run --env X --trainer T` be a sensible run with no other flags.
+    run_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def metadata(self) -> dict[str, Any]:
         return {"max_turns": self.max_turns, "reward_range": list(self.reward_range),
                 "needs_network": self.needs_network, "needs_docker": self.needs_docker,
                 "needs_gpu": self.needs_gpu, "default_generator": self.default_generator,
-                "stop": list(self.stop)}
+                "stop": list(self.stop), "run_defaults": {k: dict(v) for k, v in self.run_defaults.items()}}
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,10 @@ class Registry:
         """Every registered spec sorted by id, both sides of a clash included."""
         specs = [*self.specs[kind].values(), *(s for group in self.clashes[kind].values() for s in group)]
         return sorted(specs, key=lambda s: s.id)
+
+    def has(self, kind: Kind, id: str) -> bool:
+        """True when ``id`` is registered once (usable)."""
+        return id in self.specs[kind]
 
     def get(self, kind: Kind, id: str) -> ComponentSpec:
         if id in self.clashes[kind]:

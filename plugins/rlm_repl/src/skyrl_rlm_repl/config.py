@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from skyrl_core import EnvConfig
 
 from skyrl_rlm_repl.sandbox import SandboxConfig
@@ -29,6 +31,28 @@ class SubcallLimits(BaseModel):
     max_prompt_chars: int = Field(200_000, ge=1, description="Longest prompt (plus context) a sub-call accepts.")
 
 
+class FormatReward(BaseModel):
+    """Shaping for a model that has not yet learnt the action format; off (0) unless set.
+
+    An episode earns ``block_runs`` once when one of its ```repl blocks runs without an error, and
+    ``final_called`` once when it submits a final answer. The task's own reward is scaled by
+    ``1 - block_runs - final_called``, so the episode reward stays in [0, 1] and a right answer
+    always beats a well-formed wrong one. ``env/task_reward`` reports the unshaped task reward. The
+main job turns it on (0.1 each, the env's ``run_defaults``); evaluation leaves it off.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_runs: float = Field(0.0, ge=0.0, le=0.5, description="Paid once per episode for a ```repl block "
+                                                              "that runs without an error.")
+    final_called: float = Field(0.0, ge=0.0, le=0.5, description="Paid once per episode for submitting a final "
+                                                                "answer (FINAL/FINAL_VAR, in code or as a line).")
+
+    @property
+    def task_weight(self) -> float:
+        return 1.0 - self.block_runs - self.final_called
+
+
 class RLMReplConfig(EnvConfig):
     """Options of env ``rlm_repl``."""
 
@@ -44,3 +68,18 @@ class RLMReplConfig(EnvConfig):
     match_threshold: float = Field(0.8, gt=0.0, le=1.0, description="Similarity at which a returned snippet "
                                                                     "counts as a gold evidence snippet.")
     dataset_path: str | None = Field(None, description="JSONL of evidence tasks; default: the built-in set.")
+    prompt_style: Literal["auto", "full", "short"] = Field(
+        "auto", description="System prompt: full (every tool and rule), short (three sentences, for the starter "
+                            "tasks), auto (the row's own prompt_style, else full).")
+    worked_example: bool = Field(False, description="Put one worked exchange (a question answered by a ```repl "
+                                                    "block calling FINAL) before the task, as chat turns.")
+    format_reward: FormatReward = Field(default_factory=FormatReward, description="Shaping for a well-formed, "
+                                                                                  "running block and for a final "
+                                                                                  "answer.")
+
+    @model_validator(mode="after")
+    def _task_reward_keeps_weight(self) -> RLMReplConfig:
+        if self.format_reward.task_weight < 0.5:
+            raise ValueError("format_reward.block_runs + format_reward.final_called must be at most 0.5, so that "
+                             "the task's own reward dominates")
+        return self

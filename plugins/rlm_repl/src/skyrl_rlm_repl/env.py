@@ -5,6 +5,10 @@ the observation is their output, cut to ``max_output_chars``. The episode ends w
 ``FINAL``/``FINAL_VAR``, when the response holds a text ``FINAL(...)`` line, or at the turn limit.
 The sandbox starts with the first code block and is closed by :meth:`close`.
 
+The episode reward is the task's own score, plus the optional format shaping of
+:class:`~skyrl_rlm_repl.config.FormatReward` (a block that runs, a final answer), each paid at most
+once and only for what the model's own code did.
+
 Sub-calls (``llm_query``, ``rlm_query`` ...) made by the code go to :attr:`subcall_handler`, which
 whoever runs the env injects; the default answers every call with an error string saying that
 sub-calls need the ``rlm_tree`` generator.
@@ -20,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core import EnvConfig, StepResult, TextEnv
+from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
 
 from skyrl_rlm_repl.config import RLMReplConfig
 from skyrl_rlm_repl.evidence.dataset import load_tasks
-from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
 from skyrl_rlm_repl.parser import ParsedResponse, parse_response
-from skyrl_rlm_repl.prompts import system_prompt
+from skyrl_rlm_repl.prompts import WORKED_EXAMPLE, system_prompt
 from skyrl_rlm_repl.rewards import score_answer
 from skyrl_rlm_repl.sandbox import ExecResult, Sandbox
+from skyrl_rlm_repl.starter import STARTER_SPLITS, starter_tasks
 from skyrl_rlm_repl.subcalls import SUBCALL_METHODS, SubcallHandler, no_subcalls
 
 log = logging.getLogger(__name__)
@@ -88,6 +93,9 @@ class RLMReplEnv(TextEnv):
 
     def _reset_counters(self) -> None:
         self.final_answer: str | None = None
+        self.task_reward = 0.0
+        self.format_reward = 0.0
+        self._block_ran_clean = False
         self.backend = "none"
         self.counters = {"executions": 0, "sandbox_errors": 0, "sandbox_timeouts": 0, "sandbox_restarts": 0,
                          "subcall_requests": 0, "output_chars_cut": 0, "no_block_turns": 0}
@@ -109,14 +117,23 @@ class RLMReplEnv(TextEnv):
                 return value
         raise ValueError("rlm_repl task needs a non-empty 'question' or 'prompt' string")
 
+    def prompt_style(self) -> str:
+        """``full`` or ``short``: the config's choice, or with ``auto`` the row's own (default full)."""
+        if self.config.prompt_style != "auto":
+            return self.config.prompt_style
+        return "short" if self.task.get("prompt_style") == "short" else "full"
+
     def build_prompt(self) -> list[dict[str, str]]:
         limits = self.config.subcalls
         system = system_prompt(max_turns=self.max_turns, context=self.context, depth=self.depth,
                                max_depth=limits.max_depth, max_sub_calls=limits.max_sub_calls,
-                               evidence_tools=task_has_papers(self.task))
-        return [{"role": "system", "content": system}, {"role": "user", "content": self.question()}]
+                               evidence_tools=task_has_papers(self.task), style=self.prompt_style())
+        example = [dict(m) for m in WORKED_EXAMPLE] if self.config.worked_example else []
+        return [{"role": "system", "content": system}, *example, {"role": "user", "content": self.question()}]
 
     def gold_actions(self) -> list[str] | None:
+        if "solution" in self.task:
+            return [f"```repl\n{self.task['solution']}\n```"]
         if "evidence" in self.task:
             return [f"```repl\nFINAL({list(self.task['evidence'])!r})\n```"]
         if "answer" in self.task:
@@ -125,6 +142,8 @@ class RLMReplEnv(TextEnv):
 
     @classmethod
     def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:
+        if split in STARTER_SPLITS:
+            return starter_tasks(split)
         path = config.dataset_path if isinstance(config, RLMReplConfig) else None
         return load_tasks(path, split)
 
@@ -144,6 +163,7 @@ class RLMReplEnv(TextEnv):
 
     async def _act(self, action: str) -> StepResult:
         parsed = parse_response(action)
+        shaping = 0.0
         outputs: list[str] = []
         answer: str | None = None
         ran = 0
@@ -154,6 +174,7 @@ class RLMReplEnv(TextEnv):
                 break
             result = await self._execute(code, budget)
             ran += 1
+            shaping += self._pay_block(result)
             if len(parsed.blocks) > 1:
                 outputs.append(f"[block {index + 1} of {len(parsed.blocks)}]")
             outputs.append(self._describe(result))
@@ -161,7 +182,7 @@ class RLMReplEnv(TextEnv):
                 answer = result.final_answer
                 break
         if answer is None and parsed.final_var is not None and not budget.spent:
-            result = await self._execute(f"FINAL_VAR({parsed.final_var!r})", budget)
+            result = await self._execute(f"FINAL_VAR({parsed.final_var!r})", budget)  # the model's own line
             outputs.append(self._describe(result))
             answer = result.final_answer
         elif answer is None and parsed.final is not None:
@@ -172,14 +193,29 @@ class RLMReplEnv(TextEnv):
                 answer = None
         info: dict[str, Any] = {"blocks_run": ran, "sandbox_backend": self.backend}
         if answer is not None:
-            return await self._finish(answer, info)
-        return StepResult([{"role": "user", "content": self._observation(parsed, outputs)}], 0.0, False, False, info)
+            return await self._finish(answer, info, shaping)
+        return StepResult([{"role": "user", "content": self._observation(parsed, outputs)}], shaping, False, False,
+                          info)
 
-    async def _finish(self, answer: str, info: dict[str, Any]) -> StepResult:
+    def _pay_block(self, result: ExecResult) -> float:
+        """The block bonus, once per episode, for a block that ran to its end without an error."""
+        if self._block_ran_clean or result.error is not None or result.timed_out:
+            return 0.0
+        self._block_ran_clean = True
+        bonus = self.config.format_reward.block_runs
+        self.format_reward += bonus
+        return bonus
+
+    async def _finish(self, answer: str, info: dict[str, Any], shaping: float) -> StepResult:
         self.final_answer = answer
         # Scoring compares every snippet with every gold one: keep it off the shared sandbox loop.
-        reward, components = await asyncio.to_thread(score_answer, self.task, self.context, answer,
-                                                      self.config.match_threshold)
+        task_reward, components = await asyncio.to_thread(score_answer, self.task, self.context, answer,
+                                                           self.config.match_threshold)
+        shape = self.config.format_reward
+        self.task_reward = task_reward
+        self.format_reward += shape.final_called
+        reward = shaping + shape.final_called + shape.task_weight * task_reward
+        components = {**components, "task_reward": task_reward}
         return StepResult([], reward, True, False, {**info, "final_answer": answer, "reward_components": components})
 
     def _observation(self, parsed: ParsedResponse, outputs: list[str]) -> str:
@@ -250,6 +286,7 @@ class RLMReplEnv(TextEnv):
 
     def get_metrics(self) -> dict[str, float]:
         return {**{k: float(v) for k, v in self.counters.items()}, "turns_used": float(self.turn),
+                "task_reward": self.task_reward, "format_reward": self.format_reward,
                 "final_answer_given": float(self.final_answer is not None), "depth": float(self.depth),
                 "sandbox_bwrap": float(self.backend == "bwrap")}
 

@@ -1,0 +1,116 @@
+"""Does the main job learn? The README's main job for several seeds: reward per step, table and plot.
+
+Runs ``skyrl run --env rlm_repl --trainer fsdp_grpo`` (the env's recommended main-job settings, exactly
+what the README's Quickstart runs) once per seed, one after another, each in its own process, and
+reads each run's ``metrics.jsonl``:
+
+* ``env/task_reward``: the task's own score (exact answer), unshaped;
+* ``reward/mean``: what GRPO optimised (task reward scaled by 0.8, plus 0.1 for a ```repl block that
+  runs and 0.1 for a final answer).
+
+It prints one table (step x seed, task and shaped reward), writes ``learning_curve.png`` and
+``learning_curve.json`` to ``--out``, and checks that in every seed the mean task reward of the last
+three steps is above that of the first three (exit status 1 otherwise).
+
+    python bench/learning_curve.py                      # seeds 0 1 2, about 10 minutes each on 2 cores
+    python bench/learning_curve.py --seeds 0 --out /tmp/lc trainer.steps=8   # extra overrides pass through
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WINDOW = 3
+
+
+def run_seed(seed: int, out: Path, overrides: list[str]) -> tuple[list[dict[str, float]], float]:
+    """Train one seed in a fresh process; its per-step metrics and wall time."""
+    folder = out / f"seed{seed}"
+    command = [sys.executable, "-m", "skyrl_core.cli", "run", "--env", "rlm_repl", "--trainer", "fsdp_grpo",
+               f"run.seed={seed}", f"run.output_dir={folder}", "run.console=false", "trainer.export=false", *overrides]
+    print(f"seed {seed}: {' '.join(command[3:])}", flush=True)
+    started = time.perf_counter()
+    with open(out / f"seed{seed}.log", "w") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    seconds = time.perf_counter() - started
+    steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return steps, seconds
+
+
+def window_means(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values[:WINDOW]), statistics.fmean(values[-WINDOW:])
+
+
+def print_table(curves: dict[int, list[dict[str, float]]]) -> None:
+    seeds = sorted(curves)
+    header = "| step | " + " | ".join(f"seed {s} task | seed {s} shaped" for s in seeds) + " |"
+    print(header)
+    print("|" + "---|" * (1 + 2 * len(seeds)))
+    for index in range(max(len(c) for c in curves.values())):
+        cells = []
+        for seed in seeds:
+            row = curves[seed][index] if index < len(curves[seed]) else {}
+            cells += [f"{row.get('env/task_reward', float('nan')):.3f}", f"{row.get('reward/mean', float('nan')):.3f}"]
+        print(f"| {index + 1} | " + " | ".join(cells) + " |")
+
+
+def plot(curves: dict[int, list[dict[str, float]]], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is missing: installing it for the plot", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for seed, steps in sorted(curves.items()):
+        x = [int(s["step"]) if "step" in s else i + 1 for i, s in enumerate(steps)]
+        axes[0].plot(x, [s["env/task_reward"] for s in steps], marker="o", label=f"seed {seed}")
+        axes[1].plot(x, [s["reward/mean"] for s in steps], marker="o", label=f"seed {seed}")
+    for axis, title in zip(axes, ("task reward (env/task_reward)", "shaped reward (reward/mean)"), strict=True):
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    axes[0].set_ylabel("mean over the step's episodes")
+    figure.suptitle("skyrl run --env rlm_repl --trainer fsdp_grpo (SmolLM2-135M, starter curriculum)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=Path("runs/learning-curve"))
+    parser.add_argument("overrides", nargs="*", help="Dotted overrides passed to every run (section.key=value).")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    curves, seconds = {}, {}
+    for seed in args.seeds:
+        curves[seed], seconds[seed] = run_seed(seed, args.out, args.overrides)
+    print_table(curves)
+    failed = []
+    print()
+    for seed in args.seeds:
+        first, last = window_means([s["env/task_reward"] for s in curves[seed]])
+        shaped_first, shaped_last = window_means([s["reward/mean"] for s in curves[seed]])
+        ok = last > first
+        failed += [] if ok else [seed]
+        print(f"seed {seed}: task reward first {WINDOW} steps {first:.3f} -> last {WINDOW} {last:.3f}; shaped "
+              f"{shaped_first:.3f} -> {shaped_last:.3f}; {seconds[seed] / 60:.1f} min  {'PASS' if ok else 'FAIL'}")
+    (args.out / "learning_curve.json").write_text(json.dumps({str(k): v for k, v in curves.items()}, indent=1))
+    plot(curves, args.out / "learning_curve.png")
+    print(f"plot: {args.out / 'learning_curve.png'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
