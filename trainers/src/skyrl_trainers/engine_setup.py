@@ -2,12 +2,15 @@
 
 The engine loads ``trainer.model`` itself (``hf``: a copy in the driver process; ``vllm``: its own
 GPU copy), and the trainer pushes its weights into it before the first rollout and after every step.
+One exception (:func:`can_share_weights`): an ``hf`` engine beside a single in-process rank on the same
+device generates with that rank's own parameter storage (:func:`shared_engine`), so nothing is copied.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from skyrl_core.config import ResolvedConfig
 from skyrl_core.factory import ConfigError
 from skyrl_core.plugins import get_registry
@@ -31,9 +34,15 @@ def engine_config_for_policy(config: ResolvedConfig, seed: int | None = None) ->
     return engine_cfg.model_copy(update=update)
 
 
-def build_engine(config: ResolvedConfig, seed: int | None = None) -> tuple[Any, Any]:
-    """``(engine, tokenizer)`` for the run's ``engine`` section, loaded with ``trainer.model``."""
-    engine = get_registry().get("engine", config.engine_id).load()(engine_config_for_policy(config, seed))
+def engine_class(config: ResolvedConfig) -> Any:
+    return get_registry().get("engine", config.engine_id).load()
+
+
+def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = None) -> tuple[Any, Any]:
+    """``(engine, tokenizer)`` for the run's ``engine`` section, loaded with ``trainer.model``, or sharing
+    ``worker``'s weights when one is given (see :func:`shared_engine`)."""
+    cls, engine_cfg = engine_class(config), engine_config_for_policy(config, seed)
+    engine = shared_engine(worker, engine_cfg, cls) if worker is not None else cls(engine_cfg)
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
         raise ConfigError(f"engine {config.engine_id!r} exposes no tokenizer; the trainer needs one to build prompts")
@@ -45,3 +54,61 @@ def sleeps_between_rollouts(engine: Any) -> bool:
     ``engine.enable_sleep_mode=true``): it is put to sleep after each rollout and woken for the weight sync."""
     config = getattr(engine, "config", None)
     return bool(getattr(config, "enable_sleep_mode", False)) and hasattr(engine, "sleep") and hasattr(engine, "wake_up")
+
+
+def can_share_weights(config: ResolvedConfig, engine_cls: Any) -> bool:
+    """True when the engine may generate with the trainer's own parameters instead of a copy: one
+    in-process rank (``world_size=1``, backend local), the ``hf`` engine without sleep mode, on the
+    trainer's device and in its float32 parameter dtype."""
+    from skyrl_trainers.engines.hf import HFEngine, resolve_device
+    from skyrl_trainers.models import resolve_dtype
+    from skyrl_trainers.worker import resolve_device as trainer_device
+
+    cfg, engine_cfg = config.trainer, config.engine
+    if cfg.world_size != 1 or cfg.backend != "local" or not (isinstance(engine_cls, type) and issubclass(engine_cls, HFEngine)):
+        return False
+    if engine_cfg is None or getattr(engine_cfg, "enable_sleep_mode", False):
+        return False
+    device = resolve_device(engine_cfg.device)
+    return device == trainer_device(cfg.device) and resolve_dtype(engine_cfg.dtype, device) == torch.float32
+
+
+def shared_engine(worker: Any, engine_config: Any, engine_cls: Any = None) -> Any:
+    """An ``hf`` engine whose model aliases the parameter storage of ``worker`` (a world-size-1 rank).
+
+    At world size 1 each FSDP2 local shard is the whole tensor, so a plain model built around those
+    tensors (:func:`alias_policy`) holds no second copy, and the optimizer's in-place updates are seen
+    by the engine at once. Safe because sync training only generates while the trainer is idle.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from skyrl_trainers.engines.hf import HFEngine
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(worker.hf_config, dtype=torch.float32)
+    model.generation_config = worker.model.generation_config
+    alias_policy(model, worker.model)
+    return (engine_cls or HFEngine).from_model(model, worker.tokenizer, engine_config)
+
+
+def alias_policy(model: torch.nn.Module, policy: torch.nn.Module) -> bool:
+    """Point ``model``'s parameters and buffers at ``policy``'s local (world size 1: full) tensors,
+    copying nothing; returns whether anything had to be re-pointed (e.g. after a checkpoint load
+    replaced the policy's storage)."""
+    changed = False
+    with torch.no_grad():
+        for kind, named in (("parameters", policy.named_parameters()), ("buffers", policy.named_buffers())):
+            for name, tensor in named:
+                local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+                owner_name, _, attr = name.rpartition(".")
+                owner = model.get_submodule(owner_name)
+                current = getattr(owner, attr)
+                if current is not None and not current.is_meta and current.data_ptr() == local.data_ptr():
+                    continue
+                if kind == "parameters":
+                    owner._parameters[attr] = torch.nn.Parameter(local.detach(), requires_grad=False)
+                else:
+                    owner._buffers[attr] = local.detach()
+                changed = True
+    model.tie_weights()
+    return changed

@@ -2,7 +2,8 @@
 
 Each step: take ``batch_size`` tasks, let the generator play ``n_samples_per_prompt`` episodes per
 task, assign advantages (:mod:`.credit`), plan mini/micro-batches over the ranks (:mod:`.batching`),
-run the update on every rank (:mod:`.worker`), push the new weights into the engine, then log,
+run the update on every rank (:mod:`.worker`), push the new weights into the engine (or, for an
+``hf`` engine sharing a single in-process rank's weights, just mark a new weight version), then log,
 call ``on_train_step_end`` and checkpoint.
 """
 
@@ -25,7 +26,13 @@ from skyrl_trainers.batching import plan_step, training_samples
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.credit import assign_advantages
 from skyrl_trainers.data import TaskStream, load_training_tasks
-from skyrl_trainers.engine_setup import build_engine, sleeps_between_rollouts
+from skyrl_trainers.engine_setup import (
+    alias_policy,
+    build_engine,
+    can_share_weights,
+    engine_class,
+    sleeps_between_rollouts,
+)
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
@@ -61,12 +68,17 @@ class FSDPGRPOTrainer:
         self.run_folder.create(self.config.to_dict(), resuming=resumed is not None)
         print(f"run folder: {self.run_folder.path}", flush=True)
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
-        # The engine first: loading the policy once in the driver fills the model cache for the ranks.
-        engine, tokenizer = build_engine(self.config, seed=run.seed + start)
+        spec = WorkerSpec(cfg, temperature=temperature, seed=run.seed)
+        shared = can_share_weights(self.config, engine_class(self.config))
         loop = asyncio.new_event_loop()
-        logger = workers = None
+        engine = logger = workers = None
         try:
-            workers = make_worker_group(WorkerSpec(cfg, temperature=temperature, seed=run.seed))
+            if shared:  # one in-process rank: the engine generates with its parameters (no second copy)
+                workers = make_worker_group(spec)
+                engine, tokenizer = build_engine(self.config, seed=run.seed + start, worker=workers.worker)
+            else:  # the engine first: loading the policy once in the driver fills the model cache for the ranks
+                engine, tokenizer = build_engine(self.config, seed=run.seed + start)
+                workers = make_worker_group(spec)
             generator = get_registry().get("generator", self.config.generator_id).load()(
                 self.config.generator, engine=engine, tokenizer=tokenizer, env_id=self.config.env_id,
                 env_config=self.config.env)
@@ -75,10 +87,11 @@ class FSDPGRPOTrainer:
                 stream.load_state_dict(resumed["data"])
                 set_rng_state(resumed["rng"])
                 self.run_folder.forget_after(start)
-            loop.run_until_complete(engine.update_weights(workers.call("full_state_dict")[0]))
+            weight_sync = _WeightSync(workers, engine, loop, shared)
+            weight_sync(changed=True)
             logger = MetricsLogger(self.run_folder.path, console=False, wandb_project=run.wandb_project,
                                    wandb_mode=run.wandb_mode, config=self.config.to_dict())
-            step_loop = _StepLoop(self, workers, engine, generator, stream, loop, logger)
+            step_loop = _StepLoop(self, workers, engine, generator, stream, loop, logger, weight_sync)
             with TrainingProgress(total=cfg.steps, done=start, enabled=run.console) as progress:
                 summary = step_loop.run(start, progress)
             if cfg.export:
@@ -95,7 +108,7 @@ class FSDPGRPOTrainer:
 
 def _close_engine(engine: Any, loop: asyncio.AbstractEventLoop) -> None:
     """Close the engine while its event loop still runs, so its background tasks end cleanly."""
-    if hasattr(engine, "close"):
+    if engine is not None and hasattr(engine, "close"):
         engine.close()
         loop.run_until_complete(asyncio.sleep(0))
     loop.close()
@@ -105,11 +118,12 @@ class _StepLoop:
     """The per-step work of :meth:`FSDPGRPOTrainer.fit`, kept apart from setup and teardown."""
 
     def __init__(self, trainer: FSDPGRPOTrainer, workers: Any, engine: Any, generator: Any, stream: TaskStream,
-                 loop: asyncio.AbstractEventLoop, logger: MetricsLogger) -> None:
+                 loop: asyncio.AbstractEventLoop, logger: MetricsLogger, weight_sync: _WeightSync) -> None:
         self.trainer, self.cfg, self.run_folder = trainer, trainer.cfg, trainer.run_folder
         self.workers, self.engine, self.generator = workers, engine, generator
         self.stream, self.loop, self.logger = stream, loop, logger
         self.sleeps = sleeps_between_rollouts(engine)
+        self.weight_sync = weight_sync
 
     def run(self, start: int, progress: TrainingProgress) -> dict[str, float]:
         cfg = self.cfg
@@ -168,10 +182,10 @@ class _StepLoop:
         """Send the trainer's weights to the engine (always after a sleep, which dropped them)."""
         if self.sleeps:
             self.loop.run_until_complete(self.engine.wake_up(["weights"]))
-        if changed or self.sleeps:
-            self.loop.run_until_complete(self.engine.update_weights(self.workers.call("full_state_dict")[0]))
+        self.weight_sync(changed=changed or self.sleeps)
         if self.sleeps:
             self.loop.run_until_complete(self.engine.wake_up(["kv_cache"]))
+
 
     def write_samples(self, step: int, trajectories: list[Trajectory]) -> None:
         """Copy ``samples_per_step`` trajectories, spread over the batch, to ``samples.jsonl``."""
@@ -190,6 +204,25 @@ class _StepLoop:
         torch.save({"step": step, "data": self.stream.state_dict(), "rng": rng_state()},
                    folder / "trainer_state.pt")
         self.run_folder.commit_checkpoint(step)
+
+
+class _WeightSync:
+    """Brings the engine up to the trainer's weights. A shared engine (see
+    :func:`~skyrl_trainers.engine_setup.shared_engine`) already reads them: it is only re-pointed if the
+    trainer's storage was replaced (a checkpoint load), and ``update_weights({})`` copies nothing but
+    still waits for rows in flight and counts a new ``weight_version``."""
+
+    def __init__(self, workers: Any, engine: Any, loop: asyncio.AbstractEventLoop, shared: bool) -> None:
+        self.workers, self.engine, self.loop, self.shared = workers, engine, loop, shared
+
+    def __call__(self, changed: bool) -> None:
+        if not changed:
+            return
+        if self.shared:
+            alias_policy(self.engine.model, self.workers.worker.model)
+            self.loop.run_until_complete(self.engine.update_weights({}))
+        else:
+            self.loop.run_until_complete(self.engine.update_weights(self.workers.call("full_state_dict")[0]))
 
 
 def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

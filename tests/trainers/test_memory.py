@@ -1,0 +1,125 @@
+"""Memory savers give the same numbers: chunked log-probs, and an engine sharing the trainer's weights."""
+
+import pytest
+import torch
+from skyrl_trainers import forward
+from skyrl_trainers.batching import TrainSample
+from skyrl_trainers.forward import collate, token_logprobs
+from skyrl_trainers.models import build_tiny_random
+
+
+def batch():
+    generator = torch.Generator().manual_seed(1)
+    samples = []
+    for prompt, response in [(5, 7), (3, 4), (8, 9)]:
+        ids = torch.randint(10, 500, (prompt + response,), generator=generator).tolist()
+        samples.append(TrainSample(ids, prompt, [1] * response, [0.0] * response, 1.0))
+    return collate(samples)
+
+
+def outputs_and_grads(model, chunked, entropy_grad, monkeypatch, temperature=0.7):
+    if not chunked:
+        monkeypatch.setattr(forward, "CHUNKABLE_MODEL_TYPES", frozenset())
+    monkeypatch.setattr(forward, "CHUNK_ROWS", 5)  # several chunks, the last one partial
+    model.zero_grad(set_to_none=True)
+    logp, entropy = token_logprobs(model, batch(), temperature=temperature, entropy_grad=entropy_grad)
+    weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+    loss = (logp * weights).sum() + ((entropy * weights.flip(-1)).sum() if entropy_grad else 0)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), entropy.detach(), entropy.requires_grad, grads
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_chunked_logprobs_entropy_and_gradients_equal_the_full_logits(entropy_grad, monkeypatch):
+    model, _ = build_tiny_random()
+    model.train()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
+    with monkeypatch.context() as patch:
+        plain = outputs_and_grads(model, False, entropy_grad, patch)
+    with monkeypatch.context() as patch:
+        chunked = outputs_and_grads(model, True, entropy_grad, patch)
+    torch.testing.assert_close(chunked[0], plain[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunked[1], plain[1], rtol=0, atol=1e-5)
+    assert chunked[2] == plain[2] == entropy_grad
+    assert chunked[3].keys() == plain[3].keys() and len(plain[3]) == len(list(model.parameters()))
+    for name, grad in plain[3].items():
+        # float32 sums in another order: within 1e-5 relative to the largest entry (entropy grads reach ~30)
+        torch.testing.assert_close(chunked[3][name], grad, rtol=1e-5, atol=1e-5 * max(1.0, float(grad.abs().max())),
+                                   msg=name)
+
+
+def test_chunked_logprobs_never_hold_a_vocabulary_row_per_token(monkeypatch):
+    """The head sees no rows: logits exist only inside the chunked function."""
+    model, _ = build_tiny_random()
+    seen = []
+    model.get_output_embeddings().register_forward_hook(lambda m, a, out: seen.append(a[0].shape[1]))
+    with torch.no_grad():
+        token_logprobs(model, batch())
+    assert seen == [0]
+
+
+def test_an_engine_sharing_the_trainer_weights_generates_with_each_update_and_holds_no_copy():
+    import asyncio
+
+    from skyrl_core.engine import SamplingParams
+    from skyrl_trainers.batching import plan_step
+    from skyrl_trainers.config import FSDPGRPOConfig
+    from skyrl_trainers.engine_setup import shared_engine
+    from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
+    from skyrl_trainers.worker import WorkerSpec
+    from skyrl_trainers.workers import LocalWorkerGroup
+
+    group = LocalWorkerGroup(WorkerSpec(FSDPGRPOConfig(model="tiny-random", device="cpu", lr=1e-2), seed=0))
+    worker = group.worker
+    config = HFEngineConfig(model="tiny-random", device="cpu")
+    engine = shared_engine(worker, config)
+    loop = asyncio.new_event_loop()
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    try:
+        for name, param in worker.model.named_parameters():  # one copy: the engine reads the rank's shards
+            assert engine.model.get_parameter(name).data_ptr() == param.to_local().data_ptr(), name
+        assert engine.model.get_output_embeddings().weight is engine.model.get_input_embeddings().weight
+        before = loop.run_until_complete(engine.generate([5, 6, 7, 8], greedy))
+        samples = [TrainSample([5, 6, 7, 8, *before.token_ids], 4, [1] * 8, before.logprobs, a) for a in (1.0, -1.0)]
+        worker.train_step(plan_step(samples, world_size=1, mini_batches=1, micro_batch_tokens=1000)[0])
+        loop.run_until_complete(engine.update_weights({}))  # what the trainer calls: no copy, a new weight version
+        after = loop.run_until_complete(engine.generate([5, 6, 7, 8], greedy))
+        fresh = HFEngine(config)
+        loop.run_until_complete(fresh.update_weights(worker.full_state_dict()))
+        expected = loop.run_until_complete(fresh.generate([5, 6, 7, 8], greedy))
+        fresh.close()
+    finally:
+        engine.close()
+        group.close()
+        loop.close()
+    assert after.logprobs != before.logprobs  # the update moved the weights the engine uses
+    assert after.token_ids == expected.token_ids
+    assert after.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+    assert after.metadata["weight_version"] == 1
+
+
+def test_the_hf_engine_keeps_no_kv_cache_after_a_rollout():
+    import asyncio
+    import gc
+
+    from skyrl_core.engine import SamplingParams
+    from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
+    from transformers import Cache
+
+    engine = HFEngine(HFEngineConfig(model="tiny-random", device="cpu"))
+    loop = asyncio.new_event_loop()
+
+    async def rollout():
+        params = SamplingParams(max_tokens=6, temperature=1.0)
+        return await asyncio.gather(*[engine.generate([5, 6, 7, 8 + i], params.model_copy(update={"seed": i}))
+                                      for i in range(6)])
+
+    try:
+        outputs = loop.run_until_complete(rollout())
+        gc.collect()
+        caches = [o for o in gc.get_objects() if issubclass(type(o), Cache)]
+    finally:
+        engine.close()
+        loop.close()
+    assert len(outputs) == 6 and caches == []
