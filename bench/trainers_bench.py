@@ -6,6 +6,11 @@ Generation (16 chat prompts, greedy, ``--max-tokens`` new tokens each):
   * hf engine, one request at a time;
   * hf engine, 16 concurrent requests (batched by the engine);
   * hf engine, 16 requests arriving 20 ms apart (each joins the batch already decoding).
+GRPO sampling (8 chat prompts x 4 samples, temperature 1, at most ``--max-tokens`` new tokens, EOS stops):
+  * baseline: ``model.generate`` on one left-padded batch of the 32 rows (``do_sample``);
+  * hf engine, 32 concurrent requests (the 4 samples of a prompt share its prefill);
+  * the compute floor: 2 * parameters FLOPs per prefilled and generated token at the measured
+    GFLOP/s of a large ``torch.matmul`` (decode is bound by streaming the weights, so it is not reached).
 Training (the 16 prompt+response pairs from the engine, GRPO-style advantages):
   * baseline: a bare forward / token log-likelihood loss / backward / AdamW step on an unwrapped model;
   * one ``fsdp_grpo`` step: ``TrainWorker.train_step`` (FSDP2, world size 1, PPO-clip, token mean).
@@ -197,6 +202,63 @@ def bench_generation(name: str, model, tokenizer, device: str, max_tokens: int) 
     return [p + o.token_ids for p, o in zip(prompts, outputs, strict=True)], [len(p) for p in prompts], outputs
 
 
+def matmul_gflops(device: str, size: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    best = float("inf")
+    for _ in range(3):
+        a @ b
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 * repeats / best / 1e9
+
+
+def hf_sample_batch(model, tokenizer, prompts, max_tokens, samples) -> int:
+    rows = [p for p in prompts for _ in range(samples)]
+    width = max(len(p) for p in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=model.device)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True, temperature=1.0,
+                         top_p=1.0, top_k=0, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+    return sum(generated_length(row[width:].tolist(), tokenizer.eos_token_id, -1) for row in out)
+
+
+def bench_grpo_sampling(name: str, model, tokenizer, device: str, max_tokens: int, samples: int = 4) -> None:
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"Write a short poem about {t}."}],
+                                             add_generation_prompt=True, tokenize=True, return_dict=False)
+               for t in TOPICS[:8]]
+    engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(max_batch_size=len(prompts) * samples))
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=1.0, top_k=0)
+
+    def grpo_round() -> int:
+        async def run():
+            return await asyncio.gather(*(engine.generate(p, params) for p in prompts for _ in range(samples)))
+        return sum(len(o.token_ids) for o in asyncio.run(run()))
+
+    grpo_round()  # warm-up
+    with torch.inference_mode():
+        rows = [measure(f"model.generate, one batch of {len(prompts)}x{samples} (baseline)", device,
+                        lambda: hf_sample_batch(model, tokenizer, prompts, max_tokens, samples))]
+    rows.append(measure(f"hf engine, {len(prompts)}x{samples} concurrent requests", device, grpo_round))
+    engine.close()
+    gflops = matmul_gflops(device)
+    params_count = sum(p.numel() for p in model.parameters())
+    # The floor of the engine's row: its generated tokens and its prefill (one per distinct prompt).
+    flops = 2 * params_count * (rows[-1].tokens + sum(len(p) for p in prompts))
+    rows.append(Row(f"compute floor ({gflops:.0f} GFLOP/s matmul, 2N FLOPs/token)", rows[-1].tokens,
+                    flops / (gflops * 1e9), 0.0))
+    print_table(f"GRPO sampling: {name} on {device}, {len(prompts)} prompts x {samples} samples, temperature 1, "
+                f"max {max_tokens} new tokens", rows, "tokens")
+    print(f"engine time / floor: {rows[1].seconds / rows[2].seconds:.2f}x "
+          f"(token counts differ between rows: sampled lengths vary)")
+
+
 # --- training ------------------------------------------------------------------------------------
 
 def bare_step(model, optimizer, samples, pad_id: int) -> int:
@@ -276,6 +338,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-tokens", type=int, default=0, help="New tokens per request (0: 64 tiny, 32 else).")
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--grpo-only", action="store_true", help="Only the GRPO sampling table.")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a shared, loaded CPU, multi-threaded OpenMP "
                              "regions stall and make timings erratic; 0 keeps torch's default)")
@@ -286,7 +349,12 @@ def main() -> None:
     for name in args.models:
         model, tokenizer = load_model_and_tokenizer(name, device=args.device)
         max_tokens = args.max_tokens or (64 if name == "tiny-random" else 32)
+        if args.grpo_only:
+            bench_grpo_sampling(name, model, tokenizer, args.device, args.max_tokens or 64)
+            del model
+            continue
         sequences, prompt_lengths, outputs = bench_generation(name, model, tokenizer, args.device, max_tokens)
+        bench_grpo_sampling(name, model, tokenizer, args.device, args.max_tokens or 64)
         if not args.skip_training:
             bench_training(name, model, tokenizer, args.device, sequences, prompt_lengths, outputs)
         del model
