@@ -93,7 +93,7 @@ def run_ours(steps: int, threads: int, workdir: Path) -> dict[str, Any]:
         "trainer": {"id": "fsdp_grpo", "model": "smollm2-135m", "device": "cpu", "precision": "fp32",
                     "gradient_checkpointing": False, "batch_size": PROMPTS_PER_STEP, "steps": steps, "lr": LR,
                     "kl_coef": 0.0, "export": False, "samples_per_step": 0},
-        "run": {"console": False, "output_dir": str(workdir / "ours-run"), "seed": 0},
+        "run": {"console": False, "output_dir": tempfile.mkdtemp(prefix="ours-run-", dir=workdir), "seed": 0},
     }, registry=pm.registry)
     started = time.perf_counter()
     FSDPGRPOTrainer(config).fit()
@@ -161,7 +161,7 @@ def run_trl(steps: int, threads: int, workdir: Path) -> dict[str, Any]:
     no_ckpt = {name: False for name in ("activation_checkpointing", "gradient_checkpointing") if name in fields}
     no_ckpt = {"activation_checkpointing": False} if "activation_checkpointing" in no_ckpt else no_ckpt
     args = GRPOConfig(
-        output_dir=str(workdir / "trl-run"), max_steps=steps, seed=0,
+        output_dir=tempfile.mkdtemp(prefix="trl-run-", dir=workdir), max_steps=steps, seed=0,
         per_device_train_batch_size=batch, gradient_accumulation_steps=1, num_generations=GROUP,
         generation_batch_size=batch, num_iterations=1, max_completion_length=MAX_NEW_TOKENS,
         temperature=TEMPERATURE, top_p=1.0, top_k=0, beta=0.0, learning_rate=LR, lr_scheduler_type="constant",
