@@ -124,8 +124,9 @@ def test_run_folder_mistakes_are_config_errors(run_config, extra_envs, tmp_path)
 
 @pytest.mark.slow
 def test_grpo_learns_to_write_the_target_letter(run_config, extra_envs):
+    # 12 steps: every seed tried (0-6) gains at least 0.19 by then; at 8 some seeds are still on the way
     cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
-                     trainer={"steps": 8, "lr": 2e-2, "export": True})
+                     trainer={"steps": 12, "lr": 2e-2, "export": True})
     FSDPGRPOTrainer(cfg).fit()
     records = read_metrics(cfg.run.output_dir)
     rewards = [r["reward/mean"] for r in records]

@@ -33,6 +33,7 @@ from skyrl_trainers.engine_setup import (
     engine_class,
     sleeps_between_rollouts,
 )
+from skyrl_trainers.memory import use_one_malloc_arena
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
@@ -57,6 +58,7 @@ class FSDPGRPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
         cfg, run = self.cfg, self.config.run
+        use_one_malloc_arena()  # before the engine's thread exists (see skyrl_trainers.memory)
         random.seed(run.seed)
         torch.manual_seed(run.seed)
         env_cls = env_class(self.config.env_id)

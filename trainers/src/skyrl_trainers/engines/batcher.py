@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -144,6 +145,8 @@ class ContinuousBatcher(Generic[Item, Result]):
                 self.decode(items, self)
             except Exception as exc:  # noqa: BLE001 - handed to the callers of this batch
                 self._fail_inflight(exc)
+                # The callers keep the exception; its frames must not keep the batch's KV cache alive.
+                traceback.clear_frames(exc.__traceback__)
 
     def _exclusive(self, fn: Callable[..., Any], args: Sequence[Any]) -> Any:
         with self._cond:
