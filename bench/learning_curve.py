@@ -8,18 +8,24 @@ reads each run's ``metrics.jsonl``:
 * ``reward/mean``: what GRPO optimised (task reward scaled by 0.8, plus 0.1 for a ```repl block that
   runs and 0.1 for a final answer).
 
+The main job walks the starter rows in order, so every three steps cover the twelve task kinds
+once: single steps alternate between easy and hard kinds (a sawtooth), and the plot also draws the
+mean of the last three steps, which compares like with like.
+
 It prints one table (step x seed, task and shaped reward), writes ``learning_curve.png`` and
 ``learning_curve.json`` to ``--out``, and checks that in every seed the mean task reward of the last
 three steps is above that of the first three (exit status 1 otherwise).
 
     python bench/learning_curve.py                      # seeds 0 1 2, about 10 minutes each on 2 cores
     python bench/learning_curve.py --seeds 0 --out /tmp/lc trainer.steps=8   # extra overrides pass through
+    python bench/learning_curve.py --out /tmp/lc --replot   # table and plot again from learning_curve.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,7 +36,8 @@ WINDOW = 3
 
 
 def run_seed(seed: int, out: Path, overrides: list[str]) -> tuple[list[dict[str, float]], float]:
-    """Train one seed in a fresh process; its per-step metrics and wall time."""
+    """Train one seed in a fresh process; its per-step metrics and wall time (the run's peak RSS is
+    printed: the largest process so far, i.e. the trainer)."""
     folder = out / f"seed{seed}"
     command = [sys.executable, "-m", "skyrl_core.cli", "run", "--env", "rlm_repl", "--trainer", "fsdp_grpo",
                f"run.seed={seed}", f"run.output_dir={folder}", "run.console=false", "trainer.export=false", *overrides]
@@ -39,6 +46,8 @@ def run_seed(seed: int, out: Path, overrides: list[str]) -> tuple[list[dict[str,
     with open(out / f"seed{seed}.log", "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
     seconds = time.perf_counter() - started
+    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2
+    print(f"seed {seed}: {seconds / 60:.1f} min, peak RSS of the largest process so far {peak_gb:.2f} GiB", flush=True)
     steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return steps, seconds
 
@@ -71,10 +80,16 @@ def plot(curves: dict[int, list[dict[str, float]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for seed, steps in sorted(curves.items()):
+    for index, (seed, steps) in enumerate(sorted(curves.items())):
         x = [int(s["step"]) if "step" in s else i + 1 for i, s in enumerate(steps)]
-        axes[0].plot(x, [s["env/task_reward"] for s in steps], marker="o", label=f"seed {seed}")
-        axes[1].plot(x, [s["reward/mean"] for s in steps], marker="o", label=f"seed {seed}")
+        colour = f"C{index}"
+        for axis, key in zip(axes, ("env/task_reward", "reward/mean"), strict=True):
+            values = [s[key] for s in steps]
+            axis.plot(x, values, marker="o", alpha=0.35, color=colour)
+            # mean of the last WINDOW steps: one cycle of the task kinds, so the line tracks learning
+            rolling = [statistics.fmean(values[max(0, i - WINDOW + 1):i + 1]) for i in range(len(values))]
+            axis.plot(x[WINDOW - 1:], rolling[WINDOW - 1:], linewidth=2.5, color=colour,
+                      label=f"seed {seed} ({WINDOW}-step mean)")
     for axis, title in zip(axes, ("task reward (env/task_reward)", "shaped reward (reward/mean)"), strict=True):
         axis.set_title(title)
         axis.set_xlabel("step")
@@ -91,10 +106,17 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs/learning-curve"))
     parser.add_argument("overrides", nargs="*", help="Dotted overrides passed to every run (section.key=value).")
+    parser.add_argument("--replot", action="store_true", help="Redraw the table and plot from --out's "
+                        "learning_curve.json instead of training.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     curves, seconds = {}, {}
-    for seed in args.seeds:
+    if args.replot:
+        saved = json.loads((args.out / "learning_curve.json").read_text())
+        curves = {int(seed): steps for seed, steps in saved.items()}
+        seconds = {seed: float("nan") for seed in curves}
+        args.seeds = sorted(curves)
+    for seed in [] if args.replot else args.seeds:
         curves[seed], seconds[seed] = run_seed(seed, args.out, args.overrides)
     print_table(curves)
     failed = []

@@ -30,7 +30,7 @@ class FSDPGRPOConfig(BaseModel):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     # ~1.5 MB of fp32 activations per token for a 30-layer, 576-wide model: 512 keeps a GRPO step of
     # smollm2-135m (weights, grads, AdamW) near 4 GB on CPU; the gradient does not depend on it.
-    micro_batch_tokens: int = Field(256, ge=1, description="Token budget (rows x padded length) of one micro-batch; "
+    micro_batch_tokens: int = Field(512, ge=1, description="Token budget (rows x padded length) of one micro-batch; "
                                     "the gradient does not depend on it, peak memory does.")
 
     # optimisation

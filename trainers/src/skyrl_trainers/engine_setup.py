@@ -76,9 +76,10 @@ def can_share_weights(config: ResolvedConfig, engine_cls: Any) -> bool:
 def shared_engine(worker: Any, engine_config: Any, engine_cls: Any = None) -> Any:
     """An ``hf`` engine whose model aliases the parameter storage of ``worker`` (a world-size-1 rank).
 
-    At world size 1 each FSDP2 local shard is the whole tensor, so a plain model built around those
-    tensors (:func:`alias_policy`) holds no second copy, and the optimizer's in-place updates are seen
-    by the engine at once. Safe because sync training only generates while the trainer is idle.
+    A single rank trains the plain (unsharded) module, so a second module built around its tensors
+    (:func:`alias_policy`) holds no copy, and the optimizer's in-place updates are seen by the engine at
+    once; the engine keeps its own module object so that its ``eval()`` never touches the trainer's
+    mode. Safe because sync training only generates while the trainer is idle.
     """
     from transformers import AutoModelForCausalLM
 
@@ -92,7 +93,8 @@ def shared_engine(worker: Any, engine_config: Any, engine_cls: Any = None) -> An
 
 
 def alias_policy(model: torch.nn.Module, policy: torch.nn.Module) -> bool:
-    """Point ``model``'s parameters and buffers at ``policy``'s local (world size 1: full) tensors,
+    """Point ``model``'s parameters and buffers at ``policy``'s tensors (a DTensor's local shard, which
+    is the whole tensor at world size 1),
     copying nothing; returns whether anything had to be re-pointed (e.g. after a checkpoint load
     replaced the policy's storage)."""
     changed = False
