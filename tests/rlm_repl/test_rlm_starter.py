@@ -90,5 +90,10 @@ def test_the_main_job_trains_on_the_starter_curriculum_with_shaping():
     layers = [{"env": {"id": "rlm_repl"}, "trainer": {"id": "fsdp_grpo"}}, {"trainer": {"steps": 3}}]
     cfg = build_config(env_run_defaults(layers, registry), *layers, registry=registry)
     assert cfg.trainer.data_split == "starter" and cfg.trainer.steps == 3  # the user's override wins
-    assert cfg.env.worked_example and cfg.env.format_reward.block_runs == 0.1 and cfg.env.max_turns == 3
+    assert cfg.env.worked_example and cfg.env.format_reward.block_runs == 0.1 and cfg.env.max_turns == 2
     assert cfg.generator_id == "rlm_tree" and cfg.generator.temperature == 0.7
+    # unshuffled, any three consecutive steps of batch_size tasks cover every kind once
+    kinds = [row["kind"] for row in starter_tasks("starter")]
+    per_window = 3 * cfg.trainer.batch_size
+    assert not cfg.trainer.shuffle and per_window == len(KINDS)
+    assert all(sorted(kinds[i:i + per_window]) == sorted(k.name for k in KINDS) for i in range(240 - per_window + 1))
