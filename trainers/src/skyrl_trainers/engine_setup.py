@@ -93,24 +93,21 @@ def shared_engine(worker: Any, engine_config: Any, engine_cls: Any = None) -> An
 
 
 def alias_policy(model: torch.nn.Module, policy: torch.nn.Module) -> bool:
-    """Point ``model``'s parameters and buffers at ``policy``'s tensors (a DTensor's local shard, which
-    is the whole tensor at world size 1),
-    copying nothing; returns whether anything had to be re-pointed (e.g. after a checkpoint load
-    replaced the policy's storage)."""
+    """Point ``model``'s parameters and buffers at ``policy``'s tensors, copying nothing; returns whether
+    anything had to be re-pointed (e.g. after a checkpoint load replaced the policy's storage)."""
     changed = False
     with torch.no_grad():
         for kind, named in (("parameters", policy.named_parameters()), ("buffers", policy.named_buffers())):
             for name, tensor in named:
-                local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
                 owner_name, _, attr = name.rpartition(".")
                 owner = model.get_submodule(owner_name)
                 current = getattr(owner, attr)
-                if current is not None and not current.is_meta and current.data_ptr() == local.data_ptr():
+                if current is not None and not current.is_meta and current.data_ptr() == tensor.data_ptr():
                     continue
                 if kind == "parameters":
-                    owner._parameters[attr] = torch.nn.Parameter(local.detach(), requires_grad=False)
+                    owner._parameters[attr] = torch.nn.Parameter(tensor.detach(), requires_grad=False)
                 else:
-                    owner._buffers[attr] = local.detach()
+                    owner._buffers[attr] = tensor.detach()
                 changed = True
     model.tie_weights()
     return changed

@@ -188,7 +188,6 @@ class _StepLoop:
         if self.sleeps:
             self.loop.run_until_complete(self.engine.wake_up(["kv_cache"]))
 
-
     def write_samples(self, step: int, trajectories: list[Trajectory]) -> None:
         """Copy ``samples_per_step`` trajectories, spread over the batch, to ``samples.jsonl``."""
         if not self.cfg.samples_per_step:

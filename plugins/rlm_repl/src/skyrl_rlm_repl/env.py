@@ -94,7 +94,6 @@ class RLMReplEnv(TextEnv):
     def _reset_counters(self) -> None:
         self.final_answer: str | None = None
         self.task_reward = 0.0
-        self.format_reward = 0.0
         self._block_ran_clean = False
         self.backend = "none"
         self.counters = {"executions": 0, "sandbox_errors": 0, "sandbox_timeouts": 0, "sandbox_restarts": 0,
@@ -182,7 +181,8 @@ class RLMReplEnv(TextEnv):
                 answer = result.final_answer
                 break
         if answer is None and parsed.final_var is not None and not budget.spent:
-            result = await self._execute(f"FINAL_VAR({parsed.final_var!r})", budget)  # the model's own line
+            # the model's FINAL_VAR text line, run for it: not a block of its own, so no block bonus
+            result = await self._execute(f"FINAL_VAR({parsed.final_var!r})", budget)
             outputs.append(self._describe(result))
             answer = result.final_answer
         elif answer is None and parsed.final is not None:
@@ -202,9 +202,7 @@ class RLMReplEnv(TextEnv):
         if self._block_ran_clean or result.error is not None or result.timed_out:
             return 0.0
         self._block_ran_clean = True
-        bonus = self.config.format_reward.block_runs
-        self.format_reward += bonus
-        return bonus
+        return self.config.format_reward.block_runs
 
     async def _finish(self, answer: str, info: dict[str, Any], shaping: float) -> StepResult:
         self.final_answer = answer
@@ -213,7 +211,6 @@ class RLMReplEnv(TextEnv):
                                                            self.config.match_threshold)
         shape = self.config.format_reward
         self.task_reward = task_reward
-        self.format_reward += shape.final_called
         reward = shaping + shape.final_called + shape.task_weight * task_reward
         components = {**components, "task_reward": task_reward}
         return StepResult([], reward, True, False, {**info, "final_answer": answer, "reward_components": components})
@@ -284,9 +281,14 @@ class RLMReplEnv(TextEnv):
 
     # -- metrics and cleanup -----------------------------------------------------------------
 
+    def _format_reward(self) -> float:
+        """The shaping this episode earned (see :meth:`_pay_block` and :meth:`_finish`)."""
+        shape = self.config.format_reward
+        return shape.block_runs * self._block_ran_clean + shape.final_called * (self.final_answer is not None)
+
     def get_metrics(self) -> dict[str, float]:
         return {**{k: float(v) for k, v in self.counters.items()}, "turns_used": float(self.turn),
-                "task_reward": self.task_reward, "format_reward": self.format_reward,
+                "task_reward": self.task_reward, "format_reward": self._format_reward(),
                 "final_answer_given": float(self.final_answer is not None), "depth": float(self.depth),
                 "sandbox_bwrap": float(self.backend == "bwrap")}
 
