@@ -10,7 +10,7 @@ from skyrl_core.factory import ConfigError
 from skyrl_core.trajectory import TrajectoryBatch
 from skyrl_trainers.data import TaskStream
 from skyrl_trainers.models import build_tiny_random
-from skyrl_trainers.trainer import FSDPGRPOTrainer
+from skyrl_trainers.trainer import FSDPGRPOTrainer, summarize
 from trainer_support import read_metrics
 
 REPORTED = ["reward/mean", "reward/std", "rollout/response_tokens_mean", "rollout/turns_mean", "train/kl",
@@ -158,3 +158,14 @@ def test_step_wise_multi_turn_episodes_train_one_sample_per_turn(run_config):
     # tiny-random never answers in the right format, so every reverse_text episode uses both turns
     assert record["rollout/turns_mean"] == 2.0
     assert record["train/samples"] == 2 * record["rollout/episodes"]
+
+
+def test_the_run_summary_reports_reward_over_the_first_and_last_steps_not_single_steps():
+    # a sawtooth: single steps alternate hard and easy tasks, while three-step means rise
+    history = [{"reward/mean": r, "env/task_reward": t} for r, t in
+               [(0.1, 0.0), (0.0, 0.0), (0.0, 0.0), (0.4, 0.3), (0.1, 0.0), (0.4, 0.3), (0.5, 0.4), (0.0, 0.0)]]
+    summary = summarize(history, last_step=8, seconds=1.0)
+    assert summary["reward/first"] == pytest.approx(0.1 / 3) and summary["reward/last"] == pytest.approx(0.3)
+    assert summary["task_reward/first"] == 0.0 and summary["task_reward/last"] == pytest.approx(0.7 / 3)
+    assert summary["reward/best"] == 0.5
+    assert "task_reward/first" not in summarize([{"reward/mean": 1.0}], last_step=1, seconds=1.0)
