@@ -201,3 +201,92 @@ async def test_env_metrics_are_averaged_into_the_batch_metrics(scripted_engine, 
     batch = await make_generator(engine, env_id="countdown", max_turns=3).generate([{"n": 1}, {"n": 2}])
     assert [t.metrics["turns_seen"] for t in batch] == [2.0, 1.0]
     assert batch.metrics["env/turns_seen"] == 1.5
+
+
+class SeedRecorder:
+    """Wraps a scripted engine: records ``(arrival, seed)`` of every request, after a random delay."""
+
+    def __init__(self, engine, jitter=0.003):
+        import random
+
+        self.engine, self.tokenizer, self.jitter = engine, engine.tokenizer, jitter
+        self.random = random.Random()  # unseeded: arrival order differs from run to run
+        self.seeds: list[int | None] = []
+
+    async def generate(self, prompt_ids, params):
+        import asyncio
+
+        await asyncio.sleep(self.random.random() * self.jitter)
+        self.seeds.append(params.seed)
+        return await self.engine.generate(prompt_ids, params)
+
+    async def update_weights(self, named_tensors):
+        pass
+
+
+TASKS = [{"id": "a", "text": "apple"}, {"id": "b", "text": "pear"}, {"id": "c", "text": "kiwi"}]
+
+
+def expected_seeds(seed, turns=2, samples=3, ids="abc"):
+    from skyrl_core.generator import request_seed
+
+    return {request_seed(seed, f"{i}/{s}/t{t}") for i in ids for s in range(samples) for t in range(turns)}
+
+
+async def test_requests_are_seeded_by_their_place_in_the_batch_not_by_arrival(scripted_engine):
+    # reverse_text with a reply that never answers in the format: two turns per episode
+    runs = {}
+    for concurrency in (1, 64):
+        engine = SeedRecorder(scripted_engine(default="no tags"))
+        gen = make_generator(engine, n_samples_per_prompt=3, max_turns=2, max_concurrency=concurrency)
+        batch = await gen.generate(TASKS, seed=7)
+        assert all(len(t.turns) == 2 for t in batch)
+        runs[concurrency] = engine.seeds
+    # one episode at a time vs all at once with random delays: other arrival orders, the same seeds
+    assert sorted(runs[1]) == sorted(runs[64])
+    # one seed per (task, sample, turn): all distinct, and exactly request_seed(7, "<id>/<sample>/t<turn>")
+    assert len(set(runs[1])) == len(runs[1]) == 18
+    assert set(runs[1]) == expected_seeds(7)
+
+    engine = SeedRecorder(scripted_engine(default="no tags"))
+    gen = make_generator(engine, n_samples_per_prompt=3, max_turns=2, max_concurrency=64, seed=5)
+    await gen.generate(TASKS, seed=8)
+    assert set(engine.seeds) == expected_seeds(8) and not set(engine.seeds) & set(runs[1])
+    engine.seeds.clear()
+    await gen.generate(TASKS)  # no seed: the generator config's seed
+    assert set(engine.seeds) == expected_seeds(5)
+
+
+async def test_concurrent_batches_on_one_generator_keep_their_own_seeds(scripted_engine):
+    import asyncio
+
+    from skyrl_core.generator import request_seed
+
+    engine = SeedRecorder(scripted_engine(default="no tags"))
+    gen = make_generator(engine, max_turns=2)
+    await asyncio.gather(gen.generate(TASKS[:1], seed=1), gen.generate(TASKS[1:2], seed=2))
+    assert set(engine.seeds) == {request_seed(1, f"a/0/t{t}") for t in (0, 1)} | {
+        request_seed(2, f"b/0/t{t}") for t in (0, 1)}
+    assert gen.batch_seed == gen.config.seed  # outside a generate() call
+
+
+def test_request_seed_is_a_stable_non_negative_63_bit_hash():
+    from skyrl_core.generator import request_seed
+
+    assert request_seed(0, "a/0/t0") == request_seed(0, "a/0/t0")
+    assert request_seed(0, "a/0/t0") != request_seed(1, "a/0/t0") != request_seed(0, "a/0/t1")
+    values = [request_seed(s, f"k{k}") for s in range(20) for k in range(20)]
+    assert all(0 <= v < 2**63 for v in values) and len(set(values)) == len(values)
+    assert request_seed(3, "step1") == 619651190738337453  # fixed: runs replay across versions
+
+
+async def test_a_task_repeated_in_one_batch_samples_with_other_seeds(scripted_engine):
+    from skyrl_core.generator import request_seed
+
+    engine = SeedRecorder(scripted_engine(default="no tags"))
+    gen = make_generator(engine, n_samples_per_prompt=2, max_turns=1)
+    batch = await gen.generate([TASKS[0], TASKS[1], TASKS[0]], seed=3)  # e.g. a batch across an epoch end
+    assert [(t.group_id, t.sample_index) for t in batch] == [("a", 0), ("a", 1), ("b", 0), ("b", 1),
+                                                             ("a", 0), ("a", 1)]
+    assert sorted(engine.seeds) == sorted(request_seed(3, f"{place}/{s}/t0")
+                                          for place in ("a", "b", "a#1") for s in (0, 1))

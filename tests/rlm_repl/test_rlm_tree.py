@@ -310,3 +310,108 @@ async def test_each_child_has_its_own_repl_and_the_context_it_was_given(tokenize
     batch = await make_generator(tokenizer, choose).generate([CONTEXT_TASK])
     answer = batch.trajectories[0].turns[-1].info["final_answer"]
     assert answer == repr(["(False, {'k': [1, 2]})", f"(False, {CONTEXT_TASK['context']!r})"])
+
+
+class SeedPolicy:
+    """A policy engine whose reply is ``choose(first_user, turn, seed)``; records ``(first_user, turn, seed)``
+    of each request after a random delay (so requests arrive in a different order on every run)."""
+
+    def __init__(self, tokenizer, choose):
+        import random
+
+        self.tokenizer, self.choose, self.random = tokenizer, choose, random.Random()
+        self.requests = []
+
+    async def generate(self, prompt_ids, params):
+        from skyrl_core.testing.scripted_engine import ScriptedEngine
+
+        await asyncio.sleep(self.random.random() * 0.003)
+        text = self.tokenizer.decode(prompt_ids)
+        first_user = text.split("<|im_start|>user\n")[1].split("<|im_end|>", 1)[0]
+        turn = text.count("<|im_start|>assistant\n") - 1
+        self.requests.append((first_user, turn, params.seed))
+        reply = self.choose(first_user, turn, params.seed)
+        return await ScriptedEngine(self.tokenizer, [reply]).generate(prompt_ids, params)
+
+    async def update_weights(self, named_tensors):
+        pass
+
+
+def seeded_tree_policy(first_user, turn, seed):
+    """Roots: two children (the first has a grandchild) and an llm_query; answers carry the request's seed."""
+    if first_user.startswith("GRAND"):
+        return repl(f"FINAL('grand {seed % 1000}')")
+    if first_user.startswith("CHILD a"):
+        return repl("FINAL(rlm_query('GRAND x') + ' via a')")
+    if first_user.startswith("CHILD"):
+        return repl(f"FINAL('b {seed % 1000}')")
+    if first_user == "say hi":
+        return f"hi {seed % 1000}"
+    if turn == 0:
+        return repl("out = rlm_query_batched(['CHILD a', 'CHILD b']) + [llm_query('say hi')]", "print(out)")
+    return repl("FINAL_VAR('out')")
+
+
+def tree_keys(task_ids, samples):
+    return [f"{t}/{s}/{k}" for t in task_ids for s in range(samples)
+            for k in ("t0", "t1", "c0/t0", "c0/c0/t0", "c1/t0", "q3")]
+
+
+async def seeded_tree_rollout(tokenizer, seed, *, sub_engine=False):
+    from skyrl_rlm_repl.tree import BudgetedEngine
+
+    policy = SeedPolicy(tokenizer, seeded_tree_policy)
+    options = {"n_samples_per_prompt": 2, "max_tokens_per_turn": 200, "max_context_length": 6000,
+               "max_total_tokens": 3000}
+    env = {"max_turns": 3, "subcalls": {"max_depth": 2}}
+    gen = RLMTreeGenerator(RLMTreeConfig(**options), engine=policy, tokenizer=tokenizer, env_id="rlm_repl",
+                           env_config=env)
+    sub = None
+    if sub_engine:  # what RLMTreeGenerator builds for a configured sub_engine, on a recording engine
+        sub = SeedPolicy(tokenizer, seeded_tree_policy)
+        gen.sub_runner = RLMTreeGenerator(RLMTreeConfig(**options), engine=sub, tokenizer=tokenizer,
+                                          env_id="rlm_repl", env_config=gen.env_config)
+        gen.sub_runner.sub_runner = gen.sub_runner
+        assert isinstance(gen.sub_runner.engine, BudgetedEngine)
+    tasks = [{**CONTEXT_TASK, "id": "t1"}, {**CONTEXT_TASK, "id": "t2"}]
+    batch = await gen.generate(tasks, seed=seed)
+    return batch, policy, sub
+
+
+def tree_record(batch):
+    return [(t.group_id, t.sample_index, t.depth, t.task.get("prompt"), t.response_ids, t.reward, t.stop_reason)
+            for t in batch]
+
+
+async def test_tree_rollouts_are_seeded_by_tree_position_and_replay_per_seed(tokenizer):
+    from skyrl_core.generator import request_seed
+
+    first, policy1, _ = await seeded_tree_rollout(tokenizer, seed=5)
+    second, policy2, _ = await seeded_tree_rollout(tokenizer, seed=5)
+    assert [t.depth for t in first] == [0] * 4 + [1, 2, 1] * 4
+    assert all(t.error is None and t.stop_reason == "terminated" for t in first)
+    assert tree_record(first) == tree_record(second)
+    # requests arrived in another (random) order, with the same seeds
+    assert sorted(policy1.requests) == sorted(policy2.requests)
+    seeds = [seed for _, _, seed in policy1.requests]
+    assert sorted(seeds) == sorted(request_seed(5, key) for key in tree_keys(["t1", "t2"], 2))
+    root = first.trajectories[0]
+    assert f"hi {request_seed(5, 't1/0/q3') % 1000}" in observations(root)
+    assert f"grand {request_seed(5, 't1/0/c0/c0/t0') % 1000} via a" in observations(root)
+
+    other, _, _ = await seeded_tree_rollout(tokenizer, seed=6)
+    assert tree_record(other) != tree_record(first)
+
+
+async def test_sub_engine_requests_are_seeded_by_tree_position_too(tokenizer):
+    from skyrl_core.generator import request_seed
+
+    batch, policy, sub = await seeded_tree_rollout(tokenizer, seed=5, sub_engine=True)
+    assert [t.depth for t in batch] == [0] * 4  # frozen children are not in the batch
+    keys = tree_keys(["t1", "t2"], 2)
+    assert sorted(s for _, _, s in policy.requests) == sorted(
+        request_seed(5, k) for k in keys if k.split("/", 2)[2] in ("t0", "t1"))
+    assert sorted(s for _, _, s in sub.requests) == sorted(
+        request_seed(5, k) for k in keys if k.split("/", 2)[2] not in ("t0", "t1"))
+    again, _, _ = await seeded_tree_rollout(tokenizer, seed=5, sub_engine=True)
+    assert tree_record(batch) == tree_record(again)

@@ -4,11 +4,16 @@ Each episode: render the prompt with the chat template, ask the engine for a tur
 with the decoded text, append the observation's template tokens (loss mask 0), and repeat until the
 env terminates or truncates or a budget runs out. Generated ids are kept exactly as the engine
 returned them. A failing env or engine call ends only its own episode (``Trajectory.error``).
+
+Every engine request carries its own sampling seed, :func:`request_seed` of the batch seed and the
+request's place in the batch (task id, sample, turn), never of the order requests reach the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import hashlib
 import logging
 import time
 import traceback
@@ -25,6 +30,25 @@ from skyrl_core.plugins import get_plugin_manager, get_registry
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch, Turn
 
 log = logging.getLogger(__name__)
+
+
+_BATCH_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("skyrl_batch_seed", default=None)
+# (root trajectory, its key) of the episode a generate() task plays: a task repeated in one batch gets
+# "<id>#<k>/<sample>" for its k-th repeat, so the copies do not sample the same tokens
+_EPISODE_KEY: contextvars.ContextVar[tuple[Trajectory, str] | None] = contextvars.ContextVar(
+    "skyrl_episode_key", default=None)
+
+
+def request_seed(seed: int, key: str) -> int:
+    """The sampling seed of one engine request: a stable hash of the batch ``seed`` and ``key``.
+
+    ``key`` names the request's place in the batch (e.g. ``"<task id>/<sample>/t<turn>"``), not its
+    arrival: concurrent episodes reach the engine in an order set by asyncio and env/sandbox timing,
+    which no seed makes reproducible, so an engine that drew a seed per request as they arrive would
+    sample differently on every run. A non-negative 63-bit int (blake2b of ``f"{seed}:{key}"``).
+    """
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 class EpisodeStop(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -77,20 +101,58 @@ class MultiTurnGenerator:
             env_config = env_config.model_copy(update={"max_turns": config.max_turns})
         self.env_config = env_config
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
         c = self.config
         return SamplingParams(max_tokens=max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                              stop=self.stop, stop_token_ids=[self.renderer.end_of_turn_id])
+                              stop=self.stop, stop_token_ids=[self.renderer.end_of_turn_id], seed=seed)
 
-    async def generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None = None) -> TrajectoryBatch:
-        """Run ``n_samples`` (default: config) episodes per task; results keep input order."""
+    @property
+    def batch_seed(self) -> int:
+        """The seed of the batch being generated (``generate(seed=...)``), else ``config.seed``.
+
+        A context variable, so concurrent ``generate`` calls (and a sub-generator playing episodes
+        for this one) each see the seed of their own batch.
+        """
+        seed = _BATCH_SEED.get()
+        return self.config.seed if seed is None else seed
+
+    def episode_key(self, trajectory: Trajectory) -> str:
+        """The episode's place in the batch, ``"<group id>/<sample index>"`` (``"<group id>#<k>/<sample
+        index>"`` for the ``k``-th repeat of a task in one batch); its request keys extend it."""
+        current = _EPISODE_KEY.get()
+        if current is not None and current[0] is trajectory:
+            return current[1]
+        return f"{trajectory.group_id}/{trajectory.sample_index}"
+
+    def request_seed(self, key: str) -> int:
+        """:func:`request_seed` of the current batch seed and ``key``."""
+        return request_seed(self.batch_seed, key)
+
+    async def generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None = None, *,
+                       seed: int | None = None) -> TrajectoryBatch:
+        """Run ``n_samples`` (default: config) episodes per task; results keep input order.
+
+        ``seed`` (default: ``config.seed``) seeds the batch's sampling: each engine request gets
+        :func:`request_seed` of it and the request's task id, sample and turn, so the same seed gives
+        the same requests whatever the concurrency or timing.
+        """
+        token = _BATCH_SEED.set(self.config.seed if seed is None else seed)
+        try:
+            return await self._generate(tasks, n_samples)
+        finally:
+            _BATCH_SEED.reset(token)
+
+    async def _generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None) -> TrajectoryBatch:
         n = n_samples or self.config.n_samples_per_prompt
         semaphore = asyncio.Semaphore(self.config.max_concurrency)
         jobs = []
+        repeats: dict[str, int] = {}
         for index, task in enumerate(tasks):
             group_id = str(task.get("id", index))
+            repeat = repeats[group_id] = repeats.get(group_id, -1) + 1
+            place = f"{group_id}#{repeat}" if repeat else group_id
             for sample in range(n):
-                jobs.append(self._bounded(semaphore, dict(task), group_id, sample))
+                jobs.append(self._bounded(semaphore, dict(task), group_id, sample, f"{place}/{sample}"))
         started = time.perf_counter()
         episodes = await asyncio.gather(*jobs)
         trajectories = [t for episode in episodes for t in self.training_samples(episode)]
@@ -99,10 +161,14 @@ class MultiTurnGenerator:
         return batch
 
     async def _bounded(self, semaphore: asyncio.Semaphore, task: dict[str, Any], group_id: str,
-                       sample: int) -> Trajectory:
+                       sample: int, key: str) -> Trajectory:
         async with semaphore:
             trajectory = Trajectory(group_id=group_id, sample_index=sample, env_id=self.env_id, task=task)
-            await self.run_episode(trajectory)
+            token = _EPISODE_KEY.set((trajectory, key))
+            try:
+                await self.run_episode(trajectory)
+            finally:
+                _EPISODE_KEY.reset(token)
         get_plugin_manager().hook.on_rollout_end(trajectory=trajectory)
         return trajectory
 
@@ -143,13 +209,15 @@ class MultiTurnGenerator:
             traj.prompt_ids = []  # nothing from this episode may reach training
             return
         generated = 0
+        key = self.episode_key(traj)
         while True:
             context = len(traj.prompt_ids) + len(traj.response_ids)
             budget = min(c.max_tokens_per_turn, c.max_context_length - context, c.max_total_tokens - generated)
             if budget <= 0:
                 traj.stop_reason = "token_budget" if generated >= c.max_total_tokens else "context_length"
                 return
-            out = await self.engine.generate(traj.prompt_ids + traj.response_ids, self.sampling_params(budget))
+            params = self.sampling_params(budget, seed=self.request_seed(f"{key}/t{len(traj.turns)}"))
+            out = await self.engine.generate(traj.prompt_ids + traj.response_ids, params)
             ids = list(out.token_ids[:budget])
             logprobs = list(out.logprobs[: len(ids)]) if out.logprobs is not None else [0.0] * len(ids)
             generated += len(ids)

@@ -10,6 +10,7 @@ call ``on_train_step_end`` and checkpoint.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from skyrl_core.config import ResolvedConfig
 from skyrl_core.factory import ConfigError, env_class
+from skyrl_core.generator import request_seed
 from skyrl_core.metrics import MetricsLogger
 from skyrl_core.plugins import get_plugin_manager, get_registry
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch, write_jsonl
@@ -126,6 +128,11 @@ class _StepLoop:
         self.stream, self.loop, self.logger = stream, loop, logger
         self.sleeps = sleeps_between_rollouts(engine)
         self.weight_sync = weight_sync
+        self.seeded = accepts_seed(generator)
+        if not self.seeded:
+            log.warning("generator %s takes no 'seed' argument in generate(): sampling is not reproducible "
+                        "(the engine seeds requests in the order they arrive), nor is a resumed run",
+                        type(generator).__name__)
 
     def run(self, start: int, progress: TrainingProgress) -> dict[str, float]:
         cfg = self.cfg
@@ -147,9 +154,13 @@ class _StepLoop:
         t0 = time.perf_counter()
         tasks = self.stream.next_batch(self.cfg.batch_size)
         progress.rollouts(step, len(tasks) * getattr(self.trainer.config.generator, "n_samples_per_prompt", 1))
-        batch: TrajectoryBatch = self.loop.run_until_complete(self.generator.generate(tasks))
+        # per-step seed: a resumed run samples step N exactly as an uninterrupted one does
+        seeded = {"seed": request_seed(self.trainer.config.run.seed, f"step{step}")} if self.seeded else {}
+        batch: TrajectoryBatch = self.loop.run_until_complete(self.generator.generate(tasks, **seeded))
         if self.sleeps:  # free the engine's GPU memory for training; its weights are re-sent below
             self.loop.run_until_complete(self.engine.sleep(level=2))
+        elif hasattr(self.engine, "release_memory"):  # e.g. the hf engine's packed weights, stale after the update
+            self.loop.run_until_complete(self.engine.release_memory())
         t1 = time.perf_counter()
         self.write_samples(step, batch.trajectories)
         progress.phase(step, "train")
@@ -224,6 +235,15 @@ class _WeightSync:
             self.loop.run_until_complete(self.engine.update_weights({}))
         else:
             self.loop.run_until_complete(self.engine.update_weights(self.workers.call("full_state_dict")[0]))
+
+
+def accepts_seed(generator: Any) -> bool:
+    """Whether ``generator.generate`` takes a ``seed`` keyword (by name or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(generator.generate).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any((p.name == "seed" and p.kind != p.POSITIONAL_ONLY) or p.kind == p.VAR_KEYWORD for p in parameters)
 
 
 def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

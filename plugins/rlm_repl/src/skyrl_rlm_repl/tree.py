@@ -8,6 +8,11 @@ Child trajectories follow all roots in the batch (depth-first, in call order); e
 ``parent_id``/``depth`` set, the root's ``group_id`` and ``sample_index``, and
 ``task["rlm"]["root_id"]``, so a trainer can give it the root's advantage, its own, or drop it.
 Children played by a frozen ``sub_engine`` are tool results only and are not in the batch.
+
+Sampling seeds follow the tree, not the order requests arrive: a root's key is
+``"<group id>/<sample>"``, its ``k``-th child's ``"<parent key>/c<k>"`` and the completion of its
+``n``-th sub-call ``"<parent key>/q<n>"``; every engine request gets
+:func:`~skyrl_core.generator.request_seed` of the batch seed and its key plus turn.
 """
 
 from __future__ import annotations
@@ -68,6 +73,9 @@ class TreeNode:
     budget: RolloutBudget
     root_id: str
     frozen: bool = False
+    key: str = ""
+    """The node's place in the batch (``"<group id>/<sample>"``, ``"<parent key>/c<child index>"``): the
+    requests it sends are seeded from it (see :func:`~skyrl_core.generator.request_seed`)."""
     context: Any = None
     sub_calls: int = 0
     children: list[TreeNode] = field(default_factory=list)
@@ -136,12 +144,13 @@ class RLMTreeGenerator(MultiTurnGenerator):
 
     # -- batches -------------------------------------------------------------------------------
 
-    async def generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None = None) -> TrajectoryBatch:
+    async def generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None = None, *,
+                       seed: int | None = None) -> TrajectoryBatch:
         """Roots in input order (as the default generator), then every trained child trajectory."""
         trees: list[TreeNode] = []
         token = _TREES.set(trees)
         try:
-            batch = await super().generate(tasks, n_samples)
+            batch = await super().generate(tasks, n_samples, seed=seed)
         finally:
             _TREES.reset(token)
         order = {str(task.get("id", index)): index for index, task in enumerate(tasks)}
@@ -156,7 +165,8 @@ class RLMTreeGenerator(MultiTurnGenerator):
     async def run_episode(self, trajectory: Trajectory) -> Trajectory:
         node = _NODE.get()
         if node is None or node.trajectory is not trajectory:
-            node = TreeNode(trajectory, RolloutBudget(self.limits), root_id=trajectory.id)
+            node = TreeNode(trajectory, RolloutBudget(self.limits), root_id=trajectory.id,
+                            key=super().episode_key(trajectory))
             trees = _TREES.get()
             if trees is not None:
                 trees.append(node)
@@ -170,6 +180,12 @@ class RLMTreeGenerator(MultiTurnGenerator):
             if self.judge is not None:
                 await self._judge(trajectory)
         return trajectory
+
+    def episode_key(self, trajectory: Trajectory) -> str:
+        node = _NODE.get()
+        if node is not None and node.trajectory is trajectory and node.key:
+            return node.key
+        return super().episode_key(trajectory)
 
     async def _judge(self, trajectory: Trajectory) -> None:
         """Mix the judge's score into the final reward of an evidence episode that gave an answer."""
@@ -215,6 +231,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
 
     async def _one(self, node: TreeNode, request: SubcallRequest, prompt: str, context: Any) -> Any:
         node.sub_calls += 1
+        key = f"{node.key}/q{node.sub_calls}"  # taken before any await: call order, not completion order
         size = len(prompt) + (len(json.dumps(context, default=str)) if context is not None else 0)
         if size > self.limits.max_prompt_chars:
             node.budget.refusals += 1
@@ -226,10 +243,11 @@ class RLMTreeGenerator(MultiTurnGenerator):
         runner = self.sub_runner or self
         if request.recursive:
             return await self._child(runner, node, prompt, node.context if context is None else context)
-        return await runner._complete(node, prompt)
+        return await runner._complete(node, prompt, key)
 
-    async def _complete(self, node: TreeNode, prompt: str) -> str:
-        """``llm_query``: one completion of ``prompt`` as a single user message."""
+    async def _complete(self, node: TreeNode, prompt: str, key: str | None = None) -> str:
+        """``llm_query``: one completion of ``prompt`` as a single user message, seeded from ``key``
+        (default: the node's key and its sub-call count)."""
         ids = self.renderer.prompt_ids([{"role": "user", "content": prompt}])
         room = self.config.max_context_length - len(ids)
         if room <= 0:
@@ -237,7 +255,9 @@ class RLMTreeGenerator(MultiTurnGenerator):
                     f"max_context_length={self.config.max_context_length}.")
         token = _NODE.set(node)
         try:
-            out = await self.engine.generate(ids, self.sampling_params(min(self.config.llm_query_max_tokens, room)))
+            params = self.sampling_params(min(self.config.llm_query_max_tokens, room),
+                                          seed=self.request_seed(key or f"{node.key}/q{node.sub_calls}"))
+            out = await self.engine.generate(ids, params)
         except TokenBudgetExhausted as exc:
             return f"Error: llm_query refused: {exc}."
         except Exception as exc:  # noqa: BLE001 - the calling code gets the failure as text
@@ -249,12 +269,14 @@ class RLMTreeGenerator(MultiTurnGenerator):
     async def _child(self, runner: RLMTreeGenerator, parent: TreeNode, prompt: str, context: Any) -> Any:
         """``rlm_query``: play a child episode on ``runner`` and return its final answer."""
         depth = parent.depth + 1
+        index = len(parent.children)  # assigned in call order, before any await
         task = {"prompt": prompt, "context": context,
                 "rlm": {"depth": depth, "parent_id": parent.trajectory.id, "root_id": parent.root_id,
-                        "child_index": len(parent.children), "papers": task_has_papers(parent.trajectory.task)}}
+                        "child_index": index, "papers": task_has_papers(parent.trajectory.task)}}
         trajectory = Trajectory(parent_id=parent.trajectory.id, depth=depth, group_id=parent.trajectory.group_id,
                                 sample_index=parent.trajectory.sample_index, env_id=self.env_id, task=task)
-        child = TreeNode(trajectory, parent.budget, parent.root_id, frozen=parent.frozen or runner is not self)
+        child = TreeNode(trajectory, parent.budget, parent.root_id, frozen=parent.frozen or runner is not self,
+                         key=f"{parent.key}/c{index}")
         parent.children.append(child)
         async with parent.budget.child_slot(depth):
             token = _NODE.set(child)
