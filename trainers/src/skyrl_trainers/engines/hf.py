@@ -12,6 +12,9 @@ Logprobs are described in :mod:`skyrl_trainers.engines.sampling`.
 Weight updates (:meth:`HFEngine.update_weights`) run on the same thread once the rows in flight are
 done (no new rows are admitted meanwhile), so no completion mixes two versions of the weights;
 ``GenerateOutput.metadata["weight_version"]`` counts the updates a completion was generated with.
+
+On a float32 CPU model the linear layers decode with weights packed for oneDNN
+(:class:`PackedLinears`), which roughly halves a decode step; see ``HFEngineConfig.packed_weights``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class HFEngineConfig(BaseModel):
     logprobs_mode: LogprobMode = Field("processed", description="processed: under the sampling distribution "
                                        "(temperature, top-k, top-p); raw: of the unmodified model.")
     seed: int | None = Field(None, description="Seeds requests that bring no seed of their own.")
+    packed_weights: bool | None = Field(None, description="Decode with a copy of the linear weights packed for "
+                                        "oneDNN (CPU float32 only; one more copy of those weights while it is "
+                                        "kept). None: on wherever it applies.")
 
 
 @dataclass
@@ -133,6 +139,7 @@ class HFEngine:
         # transformers 5 renamed the KV-cache argument ``past_key_values`` to ``cache``.
         self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.weight_version = 0
+        self.packed = PackedLinears(model, enabled=config.packed_weights)
         self._seeds = random.Random(config.seed)
         self._batcher: ContinuousBatcher[_Request, GenerateOutput] = ContinuousBatcher(
             self._decode, max_batch_size=config.max_batch_size, wait_s=config.batch_wait_ms / 1000,
@@ -155,10 +162,18 @@ class HFEngine:
         """Copy new weights into the model in place once the rows in flight are done (see ``copy_named_tensors``)."""
         await self._batcher.run_exclusive(self._copy_weights, named_tensors)
 
+    async def release_memory(self) -> None:
+        """Drop what the engine keeps between batches (the packed weights), once the rows in flight are done.
+
+        Trainers call it when a rollout ends, so that the update has that memory; the next batch repacks.
+        """
+        await self._batcher.run_exclusive(self.packed.drop)
+
     def close(self) -> None:
         self._batcher.close()
 
     def _copy_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        self.packed.drop()  # stale from here on (a shared engine's weights changed in place already)
         copy_named_tensors(self.model, named_tensors)
         self.weight_version += 1
 
@@ -183,6 +198,10 @@ class HFEngine:
     @torch.inference_mode()
     def _decode(self, requests: list[_Request], session: Session[_Request, GenerateOutput]) -> None:
         """Decode until every request is delivered, admitting new arrivals between steps."""
+        with self.packed:
+            self._decode_rows(requests, session)
+
+    def _decode_rows(self, requests: list[_Request], session: Session[_Request, GenerateOutput]) -> None:
         batch = self._prefill(requests)
         while batch.rows and not session.closed:
             tokens, logprobs = sample_next(batch.logits, [r.row for r in batch.rows], self.config.logprobs_mode)
@@ -249,6 +268,69 @@ class HFEngine:
         text = self.tokenizer.decode(request.token_ids, skip_special_tokens=False)
         return GenerateOutput(request.token_ids, request.logprobs, request.stop_reason, text,
                               metadata={"weight_version": request.weight_version})
+
+
+class PackedLinears:
+    """Runs a CPU model's ``nn.Linear`` layers on copies of their weights packed for oneDNN, while decoding.
+
+    At decode batch sizes (a few dozen rows) a plain float32 ``linear`` re-packs its weight on every
+    call and reaches about half the machine's matmul rate; weights reordered once into oneDNN's blocked
+    layout run near the full rate (one decode step of SmolLM2-135M at 32 rows: 123 ms plain, 59 ms
+    packed; logits equal within 2e-4). The price is one more copy of the linear weights while they are
+    kept, so :meth:`drop` frees them (on every weight update, and from :meth:`HFEngine.release_memory`)
+    and the next batch repacks (about 0.15 s for that model); weights changed in place without an
+    update (their version counters moved) are repacked as well. The packed forwards are installed only
+    inside ``with packed:`` (the engine's decode), as instance attributes, so the module seen by anyone
+    else (a copy, a state dict, a backward pass) is the plain one.
+    """
+
+    def __init__(self, model: torch.nn.Module, enabled: bool | None = None) -> None:
+        self.layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        usable = bool(self.layers) and packing_available() and all(
+            layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32 for layer in self.layers)
+        if enabled and not usable:
+            raise EngineError("hf engine: packed_weights=true needs a float32 model on CPU and a torch built "
+                              "with oneDNN (torch.backends.mkldnn)")
+        self.enabled = usable if enabled is None else enabled
+        self.weights: list[torch.Tensor] | None = None
+        self._stamp: list[tuple[int, int]] = []
+
+    def _current_stamp(self) -> list[tuple[int, int]]:
+        """Each weight's storage and in-place version counter: any change means the packed copy is stale."""
+        return [(layer.weight.data_ptr(), layer.weight._version) for layer in self.layers]
+
+    def __enter__(self) -> PackedLinears:
+        if not self.enabled:
+            return self
+        if self.weights is None or self._stamp != self._current_stamp():  # repack weights changed in place
+            self._stamp = self._current_stamp()
+            with torch.no_grad():
+                self.weights = [torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None)
+                                for layer in self.layers]
+        for layer, weight in zip(self.layers, self.weights, strict=True):
+            layer.forward = _packed_forward(weight, layer.bias)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for layer in self.layers:
+            layer.__dict__.pop("forward", None)
+
+    def drop(self) -> None:
+        """Free the packed copies (stale after a weight update); the next ``with`` repacks."""
+        self.weights = None
+
+
+def packing_available() -> bool:
+    """Whether this torch can run linear layers on oneDNN-packed weights."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise"))
+
+
+def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return forward
 
 
 class _RoomyLayer(DynamicLayer):
