@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 
 import gymnasium
@@ -153,7 +154,7 @@ def test_rubric_weights_components_and_reports_them():
 
 def test_trajectory_tree_round_trips_through_jsonl(tmp_path):
     root = Trajectory(prompt_ids=[1, 2], response_ids=[3, 4, 5], loss_mask=[1, 0, 1], logprobs=[-0.1, 0.0, -0.2],
-                      reward=1.0, turns=[Turn("a", [{"role": "user", "content": "o"}], 1.0, {"k": 1})],
+                      policy_versions=[2, -1, 3], reward=1.0, turns=[Turn("a", [{"role": "user", "content": "o"}], 1.0, {"k": 1})],
                       stop_reason="terminated", group_id="g")
     child = Trajectory(parent_id=root.id, depth=1, group_id="g", reward=0.5)
     batch = TrajectoryBatch([root, child])
@@ -163,6 +164,16 @@ def test_trajectory_tree_round_trips_through_jsonl(tmp_path):
     assert loaded.trajectories == [root, child]
     assert loaded.roots() == [root] and loaded.children_of(root.id) == [child]
     assert loaded.trajectories[0].rewards == [1.0]
+    assert loaded.trajectories[0].policy_versions == [2, -1, 3] and loaded.trajectories[0].oldest_policy_version == 2
+
+
+def test_records_written_before_policy_versions_existed_still_load(tmp_path):
+    path = tmp_path / "old.jsonl"
+    record = Trajectory(response_ids=[3, 4], loss_mask=[1, 1], logprobs=[-0.1, -0.2]).to_dict()
+    del record["policy_versions"]
+    path.write_text(json.dumps(record) + "\n")
+    (loaded,) = TrajectoryBatch.from_jsonl(path)
+    assert loaded.policy_versions == [] and loaded.oldest_policy_version is None
 
 
 def test_malformed_trajectory_line_names_the_line(tmp_path):

@@ -290,3 +290,49 @@ async def test_a_task_repeated_in_one_batch_samples_with_other_seeds(scripted_en
                                                              ("a", 0), ("a", 1)]
     assert sorted(engine.seeds) == sorted(request_seed(3, f"{place}/{s}/t0")
                                           for place in ("a", "b", "a#1") for s in (0, 1))
+
+
+class VersionedEngine:
+    """Wraps a scripted engine: turn ``i``'s output says it came from policy version ``versions[i]``
+    (a list: per-token ``weight_versions``; an int: ``metadata["weight_version"]``; None: nothing)."""
+
+    def __init__(self, engine, versions):
+        self.engine, self.tokenizer, self.versions = engine, engine.tokenizer, list(versions)
+
+    async def generate(self, prompt_ids, params):
+        out = await self.engine.generate(prompt_ids, params)
+        version = self.versions.pop(0)
+        if isinstance(version, list):
+            out.weight_versions = (version * len(out.token_ids))[: len(out.token_ids)]
+        elif version is not None:
+            out.metadata["weight_version"] = version
+        return out
+
+    async def update_weights(self, named_tensors):
+        pass
+
+
+async def test_policy_versions_follow_the_engine_per_token_and_mark_observations(scripted_engine):
+    scripted = scripted_engine("no tags here", "<answer>elpap</answer>", "<answer>elppa</answer>")
+    engine = VersionedEngine(scripted, [3, [3, 4], None])
+    (traj,) = (await make_generator(engine, max_turns=3).generate([{"text": "apple"}])).trajectories
+    assert traj.error is None and len(traj.policy_versions) == len(traj.response_ids)
+    generated = [v for v, m in zip(traj.policy_versions, traj.loss_mask, strict=True) if m == 1]
+    first, second, third = (len(o) for o in engine_outputs(scripted, scripted.tokenizer))
+    assert generated == [3] * first + ([3, 4] * second)[:second] + [-1] * third
+    assert all(v == -1 for v, m in zip(traj.policy_versions, traj.loss_mask, strict=True) if m == 0)
+    assert traj.oldest_policy_version == 3
+
+    engine = VersionedEngine(scripted, [None, None])
+    scripted.enqueue("no tags here", "<answer>elppa</answer>")
+    (unknown,) = (await make_generator(engine, max_turns=3).generate([{"text": "apple"}])).trajectories
+    assert set(unknown.policy_versions) == {-1} and unknown.oldest_policy_version is None
+
+
+async def test_step_wise_samples_slice_policy_versions_like_logprobs(scripted_engine):
+    scripted = scripted_engine("no tags here", "<answer>elpap</answer>", "<answer>elppa</answer>")
+    engine = VersionedEngine(scripted, [0, 1, [1, 2]])
+    steps = (await make_generator(engine, max_turns=3, step_wise=True).generate([{"text": "apple"}])).trajectories
+    assert [len(s.policy_versions) for s in steps] == [len(s.response_ids) for s in steps]
+    assert [set(s.policy_versions) for s in steps] == [{0}, {1}, {1, 2}]
+    assert [s.oldest_policy_version for s in steps] == [0, 1, 1]

@@ -31,18 +31,40 @@ class SamplingParams(BaseModel):
 
 @dataclass
 class GenerateOutput:
-    """Generated ids (including the stop token when one was sampled) and their logprobs."""
+    """Generated ids (including the stop token when one was sampled) and their logprobs.
+
+    ``weight_versions`` (aligned with ``token_ids``) is the policy version that produced each token,
+    for engines whose weights may change while a request decodes (see ``in_flight_updates`` on
+    :class:`InferenceEngine`); ``None`` means every token came from ``metadata["weight_version"]``
+    (the version at admission), or that the version is unknown when that key is absent too.
+    """
 
     token_ids: list[int]
     logprobs: list[float] | None
     stop_reason: StopReason
     text: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    weight_versions: list[int] | None = None
 
 
 @runtime_checkable
 class InferenceEngine(Protocol):
-    """What generators need from an engine. Implementations must be safe to call concurrently."""
+    """What generators need from an engine. Implementations must be safe to call concurrently.
+
+    Optional capability attribute ``in_flight_updates`` (a str) says what ``update_weights`` does to
+    requests that are decoding when it is called:
+
+    * ``"off"``: no in-flight updates; the update waits for the requests in flight (``hf``), or the
+      engine does not tell versions apart within a request. Every token of a completion is the
+      version in ``metadata["weight_version"]``.
+    * ``"keep"``: the update lands between two decode steps; requests in flight keep their KV cache
+      (computed by the old weights) and continue with the new weights.
+    * ``"recompute"``: as ``keep``, but requests in flight are re-prefilled with the new weights, so
+      from the update on every token is the new policy's.
+
+    With ``keep``/``recompute`` a completion may span versions and ``GenerateOutput.weight_versions``
+    says which produced each token. Engines without the attribute are treated as ``"off"``.
+    """
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         """Continue ``prompt_ids``; never return more than ``params.max_tokens`` ids."""

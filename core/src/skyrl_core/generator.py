@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_core.chat import ChatRenderer, ChatTokenizer
-from skyrl_core.engine import InferenceEngine, SamplingParams
+from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.plugins import get_plugin_manager, get_registry
@@ -224,6 +224,7 @@ class MultiTurnGenerator:
             traj.response_ids += ids
             traj.loss_mask += [1] * len(ids)
             traj.logprobs += logprobs
+            traj.policy_versions += _token_versions(out, len(ids))
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             step = await env.astep(text)
             traj.messages.append({"role": "assistant", "content": text})
@@ -246,6 +247,7 @@ class MultiTurnGenerator:
             traj.response_ids += obs_ids
             traj.loss_mask += [0] * len(obs_ids)
             traj.logprobs += [0.0] * len(obs_ids)
+            traj.policy_versions += [-1] * len(obs_ids)
 
     def training_samples(self, episode: Trajectory) -> list[Trajectory]:
         """The episode itself, or one sample per turn in step-wise mode."""
@@ -267,13 +269,24 @@ def split_into_steps(episode: Trajectory) -> list[Trajectory]:
         steps.append(Trajectory(
             prompt_ids=episode.prompt_ids + episode.response_ids[:start],
             response_ids=episode.response_ids[start:end], loss_mask=episode.loss_mask[start:end],
-            logprobs=episode.logprobs[start:end], reward=episode.reward, turns=[turn],
+            logprobs=episode.logprobs[start:end], policy_versions=episode.policy_versions[start:end],
+            reward=episode.reward, turns=[turn],
             stop_reason=episode.stop_reason, id=f"{episode.id}-s{index}", parent_id=episode.parent_id,
             depth=episode.depth, group_id=episode.group_id, sample_index=episode.sample_index,
             env_id=episode.env_id, task=episode.task, step_index=index,
             is_last_step=index == len(episode.turns) - 1, error=episode.error, metrics=episode.metrics))
         position = end + turn.observation_tokens
     return steps
+
+
+def _token_versions(out: GenerateOutput, n: int) -> list[int]:
+    """The policy version of each of the first ``n`` ids of ``out``: its ``weight_versions``, else
+    ``metadata["weight_version"]`` for all, else -1 (unknown)."""
+    versions = getattr(out, "weight_versions", None)
+    if versions is not None and len(versions) >= n:
+        return [int(v) for v in versions[:n]]
+    version = out.metadata.get("weight_version")
+    return [int(version) if version is not None else -1] * n
 
 
 def _end_reason(terminated: bool, info: Mapping[str, Any]) -> str:

@@ -2,6 +2,9 @@
 
 Token-level fields line up: ``len(response_ids) == len(loss_mask) == len(logprobs)``. Generated
 tokens have mask 1 and the engine's logprob; observation tokens have mask 0 and logprob 0.0.
+``policy_versions`` lines up too where the generator records it (the default one does): the policy
+version (engine ``weight_version``) that produced each generated token, -1 for observation tokens
+and unknown versions; it is empty in records from generators that do not record versions.
 ``Turn.token_source`` says whether generated ids are exact, re-tokenised or chat-mode text;
 ``Trajectory.trainable`` is false for the last (trainers refuse them).
 """
@@ -46,6 +49,10 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)
+    """Policy version of each token of ``response_ids`` (-1: observation token or unknown); empty
+    when the generator records no versions. A trajectory may span versions when weights are updated
+    mid-episode (between turns, or in flight on an engine with ``in_flight_updates``)."""
     reward: float = 0.0
     turns: list[Turn] = field(default_factory=list)
     stop_reason: str = "unknown"
@@ -70,6 +77,11 @@ class Trajectory:
     @property
     def num_generated_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def oldest_policy_version(self) -> int | None:
+        """The oldest known policy version among its tokens (``None`` when no version is known)."""
+        return min((v for v in self.policy_versions if v >= 0), default=None)
 
     @property
     def token_source(self) -> str:
