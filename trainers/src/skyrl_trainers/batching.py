@@ -1,10 +1,12 @@
 """Training samples from trajectories, and their split into mini-batches, ranks and micro-batches.
 
 A step's samples are cut into ``mini_batches`` contiguous mini-batches (one optimizer step each).
-Within a mini-batch, samples go to the rank with the fewest tokens so far (longest first), and each
-rank packs its samples into micro-batches whose padded size (rows x longest row) stays within the
-token budget. Ranks get the same number of micro-batches (empty ones are padded in) because every
-forward/backward of a sharded model is a collective.
+Within a mini-batch, samples that share a prompt (a GRPO group) form packs that run the prompt once
+(see :mod:`skyrl_trainers.forward`), split where a pack would exceed the token budget. Packs go to the
+rank with the fewest tokens so far (longest first), and each rank fills micro-batches whose padded
+size (rows x longest packed row) stays within the budget. Ranks get the same number of
+micro-batches (empty ones are padded in) because every forward/backward of a sharded model is a
+collective.
 """
 
 from __future__ import annotations
@@ -72,12 +74,31 @@ def plan_step(samples: Sequence[TrainSample], *, world_size: int, mini_batches: 
     plans: list[list[MiniBatchPlan]] = [[] for _ in range(world_size)]
     for chunk in _chunks(list(samples), mini_batches):
         tokens = sum(s.num_tokens for s in chunk)
-        per_rank = [_micro_batches(rank_samples, micro_batch_tokens) for rank_samples in _balance(chunk, world_size)]
+        packs = _packs(chunk, micro_batch_tokens)
+        per_rank = [_micro_batches(rank_packs, micro_batch_tokens) for rank_packs in _balance(packs, world_size)]
         depth = max(len(m) for m in per_rank)
         for rank, micro in enumerate(per_rank):
             micro += [[] for _ in range(depth - len(micro))]
             plans[rank].append(MiniBatchPlan(micro, tokens, len(chunk)))
     return plans
+
+
+def prompt_of(sample: TrainSample) -> tuple[int, ...]:
+    return tuple(sample.input_ids[:sample.response_start])
+
+
+def shared_prompt_rows(samples: Sequence[TrainSample]) -> list[list[int]]:
+    """Indices of ``samples`` grouped by identical prompt, in order of first appearance: one packed row each."""
+    rows: dict[tuple[int, ...], list[int]] = {}
+    for index, sample in enumerate(samples):
+        rows.setdefault(prompt_of(sample), []).append(index)
+    return list(rows.values())
+
+
+def packed_length(pack: Sequence[TrainSample]) -> int:
+    """Positions of a row holding the shared prompt once and every sample's response."""
+    prompt = pack[0].response_start
+    return prompt + sum(len(s.input_ids) - prompt for s in pack)
 
 
 def _chunks(items: list[TrainSample], n: int) -> list[list[TrainSample]]:
@@ -91,27 +112,44 @@ def _chunks(items: list[TrainSample], n: int) -> list[list[TrainSample]]:
     return out
 
 
-def _balance(samples: list[TrainSample], world_size: int) -> list[list[TrainSample]]:
-    ranks: list[list[TrainSample]] = [[] for _ in range(world_size)]
+def _packs(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
+    """Samples with one prompt, in packs no longer than ``budget`` (a single sample may be longer)."""
+    packs: list[list[TrainSample]] = []
+    for row in shared_prompt_rows(samples):
+        current: list[TrainSample] = []
+        for sample in sorted((samples[i] for i in row), key=lambda s: -len(s.input_ids)):
+            if current and packed_length([*current, sample]) > budget:
+                packs.append(current)
+                current = []
+            current.append(sample)
+        packs.append(current)
+    return packs
+
+
+def _balance(packs: list[list[TrainSample]], world_size: int) -> list[list[list[TrainSample]]]:
+    ranks: list[list[list[TrainSample]]] = [[] for _ in range(world_size)]
     load = [0] * world_size
-    for sample in sorted(samples, key=lambda s: -len(s.input_ids)):
+    for pack in sorted(packs, key=lambda p: -packed_length(p)):
         rank = min(range(world_size), key=lambda r: (load[r], r))
-        ranks[rank].append(sample)
-        load[rank] += len(sample.input_ids)
+        ranks[rank].append(pack)
+        load[rank] += packed_length(pack)
     return ranks
 
 
-def _micro_batches(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
+def _micro_batches(packs: list[list[TrainSample]], budget: int) -> list[list[TrainSample]]:
+    """Packs into micro-batches of at most ``budget`` padded positions; two packs of one prompt never
+    share a micro-batch (collate would merge them into one row longer than planned)."""
     out: list[list[TrainSample]] = []
-    current: list[TrainSample] = []
+    current: list[list[TrainSample]] = []
     longest = 0
-    for sample in sorted(samples, key=lambda s: -len(s.input_ids)):
-        length = max(longest, len(sample.input_ids))
-        if current and length * (len(current) + 1) > budget:
-            out.append(current)
-            current, length = [], len(sample.input_ids)
-        current.append(sample)
+    for pack in sorted(packs, key=lambda p: -packed_length(p)):
+        length = max(longest, packed_length(pack))
+        clash = any(prompt_of(other[0]) == prompt_of(pack[0]) for other in current)
+        if current and (length * (len(current) + 1) > budget or clash):
+            out.append([s for p in current for s in p])
+            current, length = [], packed_length(pack)
+        current.append(pack)
         longest = length
     if current:
-        out.append(current)
+        out.append([s for p in current for s in p])
     return out

@@ -1,4 +1,11 @@
-"""Collate training samples into padded tensors and compute per-token log-probs and entropy."""
+"""Collate training samples into model inputs and compute per-token log-probs and entropy.
+
+Samples that share a prompt (the samples of a GRPO group) are packed into one row: the prompt once,
+then each sample's response, with an attention mask under which every response sees the prompt and
+its own earlier tokens only, and position ids that restart after the prompt for each response. The
+forward pass then runs the prompt once per group instead of once per sample (identical results; a
+GRPO step of 8 prompts x 4 samples with 38-token prompts runs about a third fewer tokens).
+"""
 
 from __future__ import annotations
 
@@ -8,51 +15,102 @@ from typing import Any
 
 import torch
 
-from skyrl_trainers.batching import TrainSample
+from skyrl_trainers.batching import TrainSample, shared_prompt_rows
+
+# Attention implementations that take an arbitrary 4D mask (others get one sample per row).
+PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
 
 
 @dataclass
 class MicroBatch:
-    """Tensors of one micro-batch, aligned with the predicted tokens ``input_ids[:, offset + 1:]``.
+    """Model inputs of one micro-batch (``r`` packed rows of length ``L``) and per-sample targets.
 
-    Only positions from ``offset`` on get logits: every response starts after it, so prompt-only
-    positions never materialise a vocabulary-sized row.
+    Per-sample tensors are ``[n, W]``: column ``w`` is sample ``i``'s response token ``w``
+    (``targets``), predicted by the hidden state at flat index ``predictors[i, w]`` of the ``[r * L]``
+    positions. ``attention_mask`` is ``[r, L]`` (padding only) when no row is shared, else a boolean
+    ``[r, 1, L, L]`` mask (True: may attend).
     """
 
-    input_ids: torch.Tensor       # [b, L]
-    attention_mask: torch.Tensor  # [b, L]
-    offset: int
-    mask: torch.Tensor            # [b, L - offset - 1], 1 where a generated token is trained on
+    input_ids: torch.Tensor       # [r, L]
+    position_ids: torch.Tensor    # [r, L]
+    attention_mask: torch.Tensor  # [r, L] or [r, 1, L, L]
+    predictors: torch.Tensor      # [n, W] flat indices into the r * L positions
+    targets: torch.Tensor         # [n, W]
+    mask: torch.Tensor            # [n, W], 1 where a generated token is trained on
     rollout_logprobs: torch.Tensor
-    advantages: torch.Tensor      # [b, L - offset - 1], the sequence's advantage on every position
+    advantages: torch.Tensor      # [n, W], the sequence's advantage on every position
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.offset,
-                          self.mask.to(device), self.rollout_logprobs.to(device), self.advantages.to(device))
+        return MicroBatch(*(t.to(device) for t in (self.input_ids, self.position_ids, self.attention_mask,
+                                                    self.predictors, self.targets, self.mask,
+                                                    self.rollout_logprobs, self.advantages)))
+
+    @property
+    def num_positions(self) -> int:
+        """Positions the model runs (padding included)."""
+        return self.input_ids.numel()
 
 
-def collate(samples: Sequence[TrainSample], pad_id: int = 0) -> MicroBatch:
-    """Right-pad ``samples``; an empty list gives a 2-token dummy row with nothing to train on."""
+def collate(samples: Sequence[TrainSample], pad_id: int = 0, *, pack: bool = True) -> MicroBatch:
+    """Pack ``samples`` into rows (shared prompts once, see :func:`~.batching.shared_prompt_rows`) and
+    right-pad them; an empty list gives a 2-token dummy row with nothing to train on."""
     if not samples:
         samples = [TrainSample([pad_id, pad_id], 1, [0], [0.0], 0.0)]
-    length = max(len(s.input_ids) for s in samples)
-    offset = max(0, min(s.response_start for s in samples) - 1)
-    width = length - offset - 1
-    ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(samples), length), dtype=torch.long)
-    mask = torch.zeros((len(samples), width))
-    rollout = torch.zeros((len(samples), width))
-    advantages = torch.zeros((len(samples), width))
-    for row, s in enumerate(samples):
-        ids[row, : len(s.input_ids)] = torch.tensor(s.input_ids)
-        attention[row, : len(s.input_ids)] = 1
-        # the response token at input position p is predicted at aligned column p - offset - 1
-        start = s.response_start - offset - 1
-        n = len(s.loss_mask)
-        mask[row, start:start + n] = torch.tensor(s.loss_mask, dtype=torch.float)
-        rollout[row, start:start + n] = torch.tensor(s.rollout_logprobs[:n], dtype=torch.float)
-        advantages[row] = s.advantage
-    return MicroBatch(ids, attention, offset, mask, rollout, advantages)
+    rows = shared_prompt_rows(samples) if pack else [[i] for i in range(len(samples))]
+    layouts = [_row_layout([samples[i] for i in row]) for row in rows]
+    length = max(len(ids) for ids, _, _, _ in layouts)
+    width = max(len(s.input_ids) - s.response_start for s in samples)
+    n, r = len(samples), len(rows)
+    ids = torch.full((r, length), pad_id, dtype=torch.long)
+    positions = torch.zeros((r, length), dtype=torch.long)
+    segments = torch.full((r, length), -1, dtype=torch.long)  # -1 padding, 0 shared prompt, j+1 sample j
+    predictors = torch.zeros((n, width), dtype=torch.long)
+    targets = torch.zeros((n, width), dtype=torch.long)
+    mask, rollout, advantages = (torch.zeros((n, width)) for _ in range(3))
+    for r_index, (row, (row_ids, row_positions, row_segments, starts)) in enumerate(zip(rows, layouts, strict=True)):
+        ids[r_index, :len(row_ids)] = torch.tensor(row_ids)
+        positions[r_index, :len(row_ids)] = torch.tensor(row_positions)
+        segments[r_index, :len(row_ids)] = torch.tensor(row_segments)
+        for i, (predictor_positions, response) in zip(row, starts, strict=True):
+            s = samples[i]
+            k = len(response)
+            predictors[i, :k] = torch.tensor(predictor_positions) + r_index * length
+            targets[i, :k] = torch.tensor(response)
+            mask[i, :len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float)
+            rollout[i, :len(s.loss_mask)] = torch.tensor(s.rollout_logprobs[:len(s.loss_mask)], dtype=torch.float)
+            advantages[i] = s.advantage
+    shared = any(len(row) > 1 for row in rows)
+    attention = _packed_mask(segments) if shared else (segments >= 0).long()
+    return MicroBatch(ids, positions, attention, predictors, targets, mask, rollout, advantages)
+
+
+def _row_layout(samples: Sequence[TrainSample]) -> tuple[list[int], list[int], list[int], list[tuple[list[int], list[int]]]]:
+    """One row: the shared prompt, then each sample's response. Returns the row's ids, position ids,
+    segment ids, and per sample the row positions that predict its response tokens and those tokens."""
+    prompt_len = samples[0].response_start
+    ids, positions, segments = list(samples[0].input_ids[:prompt_len]), list(range(prompt_len)), [0] * prompt_len
+    per_sample = []
+    for j, s in enumerate(samples):
+        response = list(s.input_ids[prompt_len:])
+        start = len(ids)
+        # the first response token is predicted by the prompt's last position, the others by their predecessor
+        predictor_positions = [prompt_len - 1] + list(range(start, start + len(response) - 1))
+        ids += response
+        positions += range(prompt_len, prompt_len + len(response))
+        segments += [j + 1] * len(response)
+        per_sample.append((predictor_positions, response))
+    return ids, positions, segments, per_sample
+
+
+def _packed_mask(segments: torch.Tensor) -> torch.Tensor:
+    """``[r, 1, L, L]``: query q may attend key k <= q in the shared prompt or in its own sample;
+    padding queries attend only themselves (a row with no key would give NaN)."""
+    length = segments.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    query, key = segments[:, :, None], segments[:, None, :]
+    allowed = causal & (key >= 0) & ((key == 0) | (key == query))
+    allowed |= torch.eye(length, dtype=torch.bool)
+    return allowed[:, None]
 
 
 # Model types whose causal-LM forward is exactly ``logits = lm_head(hidden[:, slice])`` (no logit
@@ -63,57 +121,64 @@ CHUNK_ROWS = 256  # tokens per chunk: 256 x 49152 fp32 logits is 48 MiB
 
 def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: float = 1.0,
                    entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of the tokens at ``input_ids[:, offset + 1:]`` under ``model`` (logits / temperature)
-    and the entropy of each predictive distribution (differentiable only with ``entropy_grad``).
+    """``[n, W]`` log-probs of ``batch.targets`` under ``model`` (logits / temperature) and the entropy of
+    each predictive distribution (differentiable only with ``entropy_grad``).
 
     For a plain bias-free ``nn.Linear`` head of a known model type (see ``CHUNKABLE_MODEL_TYPES``) the
     vocabulary-sized logits are never held for the whole micro-batch: hooks on the head take its input
     inside the model's own forward (so an FSDP2 root sees its parameters used while unsharded and
     registers its backward hooks on the result) and :class:`ChunkedLogProbs` computes log-probs and
-    entropy a chunk of rows at a time. Other heads (biases, scaled or soft-capped logits) take the
-    plain full-logits path.
+    entropy a chunk of predicting positions at a time. Other heads (biases, scaled or soft-capped
+    logits) take the plain full-logits path.
     """
-    keep = batch.input_ids.shape[1] - batch.offset
-    targets = batch.input_ids[:, batch.offset + 1:]
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = getattr(model, "config", None)
     if (type(head) is not torch.nn.Linear or head.bias is not None
             or getattr(config, "model_type", None) not in CHUNKABLE_MODEL_TYPES):
-        return _full_logits_logprobs(model, batch, keep, targets, temperature, entropy_grad)
+        return _full_logits_logprobs(model, batch, temperature, entropy_grad)
     differentiable = entropy_grad and torch.is_grad_enabled()
+    targets = batch.targets
 
     def take_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden.append(args[0])
         return (args[0][:, :0],)  # the head itself computes no logits
 
     def replace_output(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        h = hidden.pop()[:, :-1]
-        logp, entropy = ChunkedLogProbs.apply(h.reshape(-1, h.shape[-1]), module.weight, targets.reshape(-1),
-                                              temperature, differentiable, CHUNK_ROWS)
+        h = _predicting(hidden.pop(), batch.predictors)
+        logp, entropy = ChunkedLogProbs.apply(h, module.weight, targets.reshape(-1), temperature, differentiable,
+                                              CHUNK_ROWS)
         # a fresh tensor, not a view: FSDP2 hooks its backward onto the root's output
         return torch.stack([logp.view(targets.shape), entropy.view(targets.shape)], dim=-1)
 
     hidden: list[torch.Tensor] = []
     hooks = [head.register_forward_pre_hook(take_input), head.register_forward_hook(replace_output)]
     try:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep,
-                    use_cache=False).logits
+        out = _run(model, batch).logits
     finally:
         for hook in hooks:
             hook.remove()
     return out[..., 0], out[..., 1] if differentiable else out[..., 1].detach()
 
 
-def _full_logits_logprobs(model: torch.nn.Module, batch: MicroBatch, keep: int, targets: torch.Tensor,
-                          temperature: float, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep,
-                   use_cache=False).logits[:, :-1].float()
+def _run(model: torch.nn.Module, batch: MicroBatch) -> Any:
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                 logits_to_keep=0, use_cache=False)
+
+
+def _predicting(per_position: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor:
+    """The rows of ``[r, L, ...]`` at the flat ``predictors``: ``[n * W, ...]``."""
+    return per_position.reshape(-1, *per_position.shape[2:]).index_select(0, predictors.reshape(-1))
+
+
+def _full_logits_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float,
+                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = _predicting(_run(model, batch).logits, batch.predictors).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp = log_probs.gather(-1, batch.targets.reshape(-1, 1)).view(batch.targets.shape)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1).view(batch.targets.shape)
     return logp, entropy
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from skyrl_trainers.batching import MiniBatchPlan
 from skyrl_trainers.config import FSDPGRPOConfig
-from skyrl_trainers.forward import MicroBatch, collate, token_logprobs
+from skyrl_trainers.forward import PACKABLE_ATTENTION, MicroBatch, collate, token_logprobs
 from skyrl_trainers.objective import Normalisers, micro_batch_loss
 from skyrl_trainers.rng import rng_state, set_rng_state
 
@@ -62,6 +62,8 @@ class TrainWorker:
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, dtype=torch.float32, device=str(self.device))
         self.hf_config = self.model.config
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # shared-prompt rows need an attention that takes a custom mask (see skyrl_trainers.forward)
+        self.pack = getattr(self.model.config, "_attn_implementation", None) in PACKABLE_ATTENTION
         self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and kind == "cuda")
         if cfg.gradient_checkpointing:
             enable = getattr(self.model, "activation_checkpointing_enable", None) or \
@@ -116,7 +118,7 @@ class TrainWorker:
         for k, plan in enumerate(plans):
             self.optimizer.zero_grad(set_to_none=True)
             for m, samples in enumerate(plan.micro_batches):
-                batch = collate(samples, self.pad_id).to(self.device)
+                batch = collate(samples, self.pad_id, pack=self.pack).to(self.device)
                 accumulate(totals, self._backward(batch, plan, old[k][m] if old else None))
             accumulate(totals, self._optimizer_step())
         return totals
@@ -124,7 +126,7 @@ class TrainWorker:
     @torch.no_grad()
     def _old_logprobs(self, plans: list[MiniBatchPlan]) -> list[list[torch.Tensor]]:
         """Log-probs under the weights before this step's first update (needed when it has several)."""
-        return [[self._forward(self.model, collate(samples, self.pad_id).to(self.device))
+        return [[self._forward(self.model, collate(samples, self.pad_id, pack=self.pack).to(self.device))
                  for samples in plan.micro_batches] for plan in plans]
 
     def _forward(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
