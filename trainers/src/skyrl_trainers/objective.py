@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from skyrl_trainers.algorithms import KL_ESTIMATORS, POLICY_LOSSES, reduce_loss
+from skyrl_trainers.algorithms import KL_ESTIMATORS, POLICY_LOSSES, reduce_loss, tis_weights
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import MicroBatch, token_logprobs
 
@@ -29,7 +29,9 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
     """This micro-batch's share of the mini-batch loss, and metric sums for the step's report.
 
     ``old_logp`` defaults to the current log-probs without gradient (one update per rollout batch,
-    where PPO's ratio is 1 at the start of the update).
+    where PPO's ratio is 1 at the start of the update). With ``cfg.off_policy.tis`` other than
+    ``none`` the per-token policy loss is multiplied by truncated importance weights from
+    ``old_logp`` over the rollout log-probs (:func:`~.algorithms.off_policy.tis_weights`).
     """
     logp, entropy = token_logprobs(model, batch, temperature=temperature, entropy_grad=cfg.entropy_coef > 0)
     old_logp = logp.detach() if old_logp is None else old_logp
@@ -39,8 +41,13 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
     if cfg.policy_loss == "dual_clip":
         options["clip_c"] = cfg.dual_clip_c
     policy = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, batch.advantages, mask, **options)
+    per_token = policy.loss
+    tis_metrics: dict[str, float] = {}
+    if cfg.off_policy.tis != "none":
+        weights, tis_metrics = tis_weights(old_logp, batch.rollout_logprobs, mask, cfg.off_policy)
+        per_token = per_token * weights
     sizes = {"batch_tokens": norms.batch_tokens, "batch_sequences": norms.batch_sequences, "norm": cfg.loss_norm}
-    policy_loss = reduce_loss(policy.loss, mask, cfg.loss_reduction, **sizes)
+    policy_loss = reduce_loss(per_token, mask, cfg.loss_reduction, **sizes)
     loss = policy_loss
     kl = torch.zeros_like(logp)
     if ref_model is not None:
@@ -54,5 +61,5 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
     metrics = {"loss": loss.item(), "policy_loss": policy_loss.item(), "tokens": mask.sum().item(),
                "kl_sum": kl.detach().sum().item(), "entropy_sum": (entropy.detach() * mask).sum().item(),
                "clipped_sum": (policy.clipped * mask).sum().item(), "logprob_gap_sum": gap.sum().item(),
-               "logprob_gap_max": gap.max().item()}
+               "logprob_gap_max": gap.max().item(), **tis_metrics}
     return loss, metrics

@@ -253,6 +253,12 @@ def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
         accumulate(total, values)
     tokens = max(total.get("tokens", 0.0), 1.0)
     steps = max(per_rank[0].get("optimizer_steps", 1.0), 1.0)  # each rank took the same optimizer steps
+    off_policy = {  # only with trainer.off_policy.tis != none
+        "train/is_ratio_mean": total["is_ratio_sum"] / tokens,
+        "train/is_ratio_max": total.get("is_ratio_max", 0.0),
+        "train/tis_clip_fraction": total.get("tis_clipped_sum", 0.0) / tokens,
+        "train/is_unknown_fraction": total.get("is_unknown_sum", 0.0) / tokens,
+    } if "is_ratio_sum" in total else {}
     return {
         "train/loss": total.get("loss", 0.0) / steps,
         "train/policy_loss": total.get("policy_loss", 0.0) / steps,
@@ -266,6 +272,7 @@ def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
         "train/tokens": total.get("tokens", 0.0),
         "train/optimizer_steps": steps,
         "train/skipped_steps": per_rank[0].get("skipped_steps", 0.0),
+        **off_policy,
     }
 
 
