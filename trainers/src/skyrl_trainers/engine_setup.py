@@ -4,10 +4,15 @@ The engine loads ``trainer.model`` itself (``hf``: a copy in the driver process;
 GPU copy), and the trainer pushes its weights into it before the first rollout and after every step.
 One exception (:func:`can_share_weights`): an ``hf`` engine beside a single in-process rank on the same
 device generates with that rank's own parameter storage (:func:`shared_engine`), so nothing is copied.
+
+``trainer.engine_placement`` puts the engine in the driver (``in_process``), in a spawned child process
+(``process``) or in a Ray actor (``ray``), behind the same protocol (:mod:`.engines.remote`); a placed
+engine always holds its own copy of the weights.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -42,11 +47,36 @@ def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = 
     """``(engine, tokenizer)`` for the run's ``engine`` section, loaded with ``trainer.model``, or sharing
     ``worker``'s weights when one is given (see :func:`shared_engine`)."""
     cls, engine_cfg = engine_class(config), engine_config_for_policy(config, seed)
-    engine = shared_engine(worker, engine_cfg, cls) if worker is not None else cls(engine_cfg)
+    placement = getattr(config.trainer, "engine_placement", "in_process")
+    if placement != "in_process" and worker is not None:
+        raise ConfigError(f"trainer.engine_placement={placement} cannot share the trainer's weights; "
+                          "build the engine without a worker")
+    if placement == "process":
+        from skyrl_trainers.engines.remote import ProcessEngine
+
+        engine = ProcessEngine(cls, engine_cfg)
+    elif placement == "ray":
+        from skyrl_trainers.engines.remote import RayEngine
+
+        cfg = config.trainer
+        engine = RayEngine(cls, engine_cfg, address=getattr(cfg, "ray_address", None),
+                           num_gpus=1 if _engine_on_cuda(engine_cfg) else 0,
+                           num_cpus=max(os.cpu_count() or 1, cfg.world_size + 1))  # room for backend=ray ranks
+    else:
+        engine = shared_engine(worker, engine_cfg, cls) if worker is not None else cls(engine_cfg)
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
+        if hasattr(engine, "close"):
+            engine.close()
         raise ConfigError(f"engine {config.engine_id!r} exposes no tokenizer; the trainer needs one to build prompts")
     return engine, tokenizer
+
+
+def _engine_on_cuda(engine_cfg: Any) -> bool:
+    device = str(getattr(engine_cfg, "device", "") or "")
+    if device == "auto":
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 def sleeps_between_rollouts(engine: Any) -> bool:
@@ -58,13 +88,17 @@ def sleeps_between_rollouts(engine: Any) -> bool:
 
 def can_share_weights(config: ResolvedConfig, engine_cls: Any) -> bool:
     """True when the engine may generate with the trainer's own parameters instead of a copy: one
-    in-process rank (``world_size=1``, backend local), the ``hf`` engine without sleep mode, on the
-    trainer's device and in its float32 parameter dtype."""
+    in-process rank (``world_size=1``, backend local), the ``hf`` engine placed in process
+    (``engine_placement=in_process``) without sleep mode, on the trainer's device and in its float32
+    parameter dtype, in ``sync`` mode (an engine that generates while the trainer updates must hold
+    its own copy)."""
     from skyrl_trainers.engines.hf import HFEngine, resolve_device
     from skyrl_trainers.models import resolve_dtype
     from skyrl_trainers.worker import resolve_device as trainer_device
 
     cfg, engine_cfg = config.trainer, config.engine
+    if getattr(cfg, "engine_placement", "in_process") != "in_process" or getattr(cfg, "mode", "sync") != "sync":
+        return False
     if cfg.world_size != 1 or cfg.backend != "local" or not (isinstance(engine_cls, type) and issubclass(engine_cls, HFEngine)):
         return False
     if engine_cfg is None or getattr(engine_cfg, "enable_sleep_mode", False):
