@@ -101,3 +101,61 @@ class TaskStream:
                             f"{len(self.tasks)}; resume with the same data")
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         self._order = self._permutation(self.epoch)
+
+    # --- async training: tasks by their place in the stream ---------------------------------------
+
+    @property
+    def position(self) -> int:
+        """Tasks handed out so far over all epochs: the index :meth:`task_at` gives the next one."""
+        return self.epoch * len(self.tasks) + self.offset
+
+    def task_at(self, index: int) -> dict[str, Any]:
+        """The ``index``-th task of the stream (epoch ``index // len(tasks)``'s seeded order), the one the
+        ``index``-th :meth:`next_batch` draw returns; it does not move the stream."""
+        epoch, offset = divmod(index, len(self.tasks))
+        order = self._order if epoch == self.epoch else self._permutation(epoch)
+        return self.tasks[order[offset]]
+
+
+class ConsumedTasks:
+    """Which stream indexes (:meth:`TaskStream.task_at`) async training is done with, trained or dropped.
+
+    Generation hands out indexes in order; groups finish and are trained out of order. The state is
+    compact: every index below ``below`` is done, plus the sorted ``done`` ones above it. On resume,
+    indexes under the ``frontier`` (the next never-drawn index) that are not done were generated but
+    not trained when the run stopped: :meth:`next_index` hands them out again before new ones.
+    """
+
+    def __init__(self) -> None:
+        self.below, self.frontier = 0, 0
+        self.done: set[int] = set()
+        self.trained: set[int] = set()  # trained (not dropped) since this object was created or loaded
+        self._redo: list[int] = []
+
+    def next_index(self) -> int:
+        if self._redo:
+            return self._redo.pop(0)
+        self.frontier += 1
+        return self.frontier - 1
+
+    def finish(self, index: int, *, trained: bool) -> None:
+        if self.is_done(index):
+            raise ValueError(f"task index {index} was already trained or dropped")
+        self.done.add(index)
+        if trained:
+            self.trained.add(index)
+        while self.below in self.done:
+            self.done.discard(self.below)
+            self.below += 1
+
+    def is_done(self, index: int) -> bool:
+        return index < self.below or index in self.done
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"below": self.below, "done": sorted(self.done), "frontier": self.frontier}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.below, self.frontier = int(state["below"]), int(state["frontier"])
+        self.done = {int(i) for i in state["done"]}
+        self.trained = set()
+        self._redo = [i for i in range(self.below, self.frontier) if i not in self.done]

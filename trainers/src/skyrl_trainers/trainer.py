@@ -4,7 +4,8 @@ Each step: take ``batch_size`` tasks, let the generator play ``n_samples_per_pro
 task, assign advantages (:mod:`.credit`), plan mini/micro-batches over the ranks (:mod:`.batching`),
 run the update on every rank (:mod:`.worker`), push the new weights into the engine (or, for an
 ``hf`` engine sharing a single in-process rank's weights, just mark a new weight version), then log,
-call ``on_train_step_end`` and checkpoint.
+call ``on_train_step_end`` and checkpoint. ``trainer.mode`` ``one_step_off`` and ``async`` overlap
+generation with training (:mod:`.overlap`); this module's loop is ``sync``'s.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from skyrl_trainers.engine_setup import (
     sleeps_between_rollouts,
 )
 from skyrl_trainers.memory import use_one_malloc_arena
+from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
@@ -60,6 +62,7 @@ class FSDPGRPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
         cfg, run = self.cfg, self.config.run
+        check_mode(self.config, engine_class(self.config))  # before anything is written or loaded
         use_one_malloc_arena()  # before the engine's thread exists (see skyrl_trainers.memory)
         random.seed(run.seed)
         torch.manual_seed(run.seed)
@@ -73,7 +76,9 @@ class FSDPGRPOTrainer:
         print(f"run folder: {self.run_folder.path}", flush=True)
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
         spec = WorkerSpec(cfg, temperature=temperature, seed=run.seed)
-        shared = can_share_weights(self.config, engine_class(self.config))
+        # off sync the engine generates while the trainer updates: it needs its own copy of the weights
+        shared = cfg.mode == "sync" and can_share_weights(self.config, engine_class(self.config))
+        self.resumed_state = resumed
         loop = asyncio.new_event_loop()
         engine = logger = workers = None
         try:
@@ -135,20 +140,29 @@ class _StepLoop:
                         type(generator).__name__)
 
     def run(self, start: int, progress: TrainingProgress) -> dict[str, float]:
-        cfg = self.cfg
+        if self.cfg.mode != "sync":
+            overlapped = OneStepOffLoop if self.cfg.mode == "one_step_off" else AsyncLoop
+            return self.loop.run_until_complete(overlapped(self).run(start, progress))
         history: list[dict[str, float]] = []
         started = time.perf_counter()
         step = start
-        for step in range(start + 1, cfg.steps + 1):
+        for step in range(start + 1, self.cfg.steps + 1):
             metrics = self.step(step, progress)
             history.append(metrics)
-            self.logger.log(step, metrics)
-            get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)  # observers are guarded
-            progress.step_done(step, metrics)
-            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
-                progress.phase(step, "checkpoint")
+            if self.end_step(step, metrics, progress):
                 self.checkpoint(step)
         return summarize(history, step, time.perf_counter() - started)
+
+    def end_step(self, step: int, metrics: dict[str, float], progress: TrainingProgress) -> bool:
+        """Log the step and call the plugins' ``on_train_step_end``; whether a checkpoint is due now."""
+        cfg = self.cfg
+        self.logger.log(step, metrics)
+        get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)  # observers are guarded
+        progress.step_done(step, metrics)
+        due = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps
+        if due:
+            progress.phase(step, "checkpoint")
+        return due
 
     def step(self, step: int, progress: TrainingProgress) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -169,9 +183,13 @@ class _StepLoop:
         progress.phase(step, "sync weights")
         self.sync_weights(changed=metrics["train/optimizer_steps"] > 0)
         t3 = time.perf_counter()
+        generated = sum(sum(t.loss_mask) for t in batch.trajectories)
         metrics.update({"time/generate_seconds": t1 - t0, "time/train_seconds": t2 - t1,
                         "time/sync_seconds": t3 - t2, "time/step_seconds": t3 - t0,
-                        "throughput/train_tokens_per_second": metrics.pop("train/input_tokens") / max(t2 - t1, 1e-9)})
+                        "throughput/train_tokens_per_second": metrics.pop("train/input_tokens") / max(t2 - t1, 1e-9),
+                        "throughput/generated_tokens_per_second": generated / max(t1 - t0, 1e-9),
+                        "async/generation_idle_fraction": (t3 - t1) / max(t3 - t0, 1e-9),
+                        "async/training_idle_fraction": 1.0 - (t2 - t1) / max(t3 - t0, 1e-9)})
         return metrics
 
     def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -210,11 +228,14 @@ class _StepLoop:
         if chosen:
             write_jsonl(self.run_folder.samples, chosen, append=True)
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, overlap_state: dict[str, Any] | None = None) -> None:
+        """Weights, optimizer, data position and RNG; off sync also ``overlap_state`` (key ``async``)."""
         folder = self.run_folder.new_checkpoint(step)
         self.workers.call("save_checkpoint", str(folder))
-        torch.save({"step": step, "data": self.stream.state_dict(), "rng": rng_state()},
-                   folder / "trainer_state.pt")
+        state = {"step": step, "data": self.stream.state_dict(), "rng": rng_state()}
+        if overlap_state is not None:
+            state["async"] = overlap_state
+        torch.save(state, folder / "trainer_state.pt")
         self.run_folder.commit_checkpoint(step)
 
 
