@@ -88,8 +88,8 @@ def test_concurrent_requests_batch_inside_the_child(remote_engine):
     outs = asyncio.run(_generate_all(remote_engine, prompts, SamplingParams(max_tokens=6, seed=5)))
     assert len(outs) == 16 and all(len(o.token_ids) >= 1 for o in outs)
     sizes = asyncio.run(remote_engine.remote_attr("batch_sizes"))[len(before):]
-    # the 16 requests were decoded together in a few batches, not one by one
-    assert sizes and max(sizes) >= 8 and len(sizes) <= 4
+    # the 16 requests were decoded together in a few batches (the rest joined running ones), not one by one
+    assert sizes and max(sizes) >= 4 and len(sizes) <= 8
 
 
 def test_update_weights_goes_through_shared_memory_and_moves_the_version(local_engine):
@@ -203,8 +203,8 @@ def test_fsdp_grpo_trains_with_the_engine_in_a_child_process(run_config):
     assert {p.pid for p in multiprocessing.active_children()} <= children  # the engine process is gone
 
 
-@pytest.mark.slow
-def test_ray_engine_generates_updates_and_closes(local_engine):
+@pytest.mark.slow  # 12-25 s on 2 shared cores, mostly starting Ray
+def test_ray_engine_generates_updates_and_fails_when_killed(local_engine):
     ray = pytest.importorskip("ray")
     from skyrl_trainers.engines.remote import RayEngine
 
@@ -215,11 +215,17 @@ def test_ray_engine_generates_updates_and_closes(local_engine):
         _same(asyncio.run(_generate_all(engine)), asyncio.run(_generate_all(local_engine)))
         outs = asyncio.run(_generate_all(engine, [[1, 10 + i] for i in range(16)], SamplingParams(max_tokens=4, seed=1)))
         assert len(outs) == 16
-        assert max(asyncio.run(engine.remote_attr("batch_sizes"))) >= 8
+        assert max(asyncio.run(engine.remote_attr("batch_sizes"))) >= 2  # batched in the actor
         asyncio.run(engine.update_weights(_perturbed(local_engine.model, 0.5, 1)))
         assert engine.weight_version == 1
+        assert [o.metadata["weight_version"] for o in asyncio.run(_generate_all(engine))] == [1] * len(PROMPTS)
+        ray.kill(engine._actor)
+        with pytest.raises(EngineError, match="Ray actor died"):
+            asyncio.run(asyncio.wait_for(engine.generate([1, 2], PARAMS), timeout=30))
+        with pytest.raises(EngineError, match="Ray actor died"):
+            asyncio.run(engine.generate([1, 2], PARAMS))
     finally:
         engine.close()
-    assert not ray.is_initialized()
-    with pytest.raises(EngineError, match="closed"):
+    assert not ray.is_initialized()  # this client started Ray, so it shut it down
+    with pytest.raises(EngineError, match="Ray actor died"):  # the failure outlives close()
         asyncio.run(engine.generate([1], PARAMS))
