@@ -129,7 +129,12 @@ class OpenAIEngine:
 
     Safe to call concurrently; at most ``max_concurrency`` requests are in flight. Use one engine per
     event loop at a time; ``aclose()`` (or ``async with``) releases its connections.
+
+    ``in_flight_updates`` is ``"off"``: the remote model is frozen from here (``update_weights`` raises
+    :class:`WeightSyncUnsupportedError`), so no update ever lands in a request.
     """
+
+    in_flight_updates = "off"
 
     def __init__(self, config: OpenAIEngineConfig | Mapping[str, Any] | None = None, *,
                  tokenizer: Any | None = None) -> None:

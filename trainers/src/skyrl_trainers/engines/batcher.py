@@ -6,7 +6,10 @@ steps the decoder may admit newly arrived requests with ``session.take(n)``, and
 finished request to ``session.deliver(item, result)`` straight away, so a short answer never waits
 for a long one. Work given to :meth:`ContinuousBatcher.run_exclusive` (weight updates) runs on the same
 thread: the decoder stops admitting requests, finishes the ones in flight, then the work runs before
-any further decoding, so a batch never sees half-updated weights.
+any further decoding, so a batch never sees half-updated weights. Work given to
+:meth:`ContinuousBatcher.run_between_steps` (in-flight weight updates) runs on that thread too, but
+without draining: the decoder calls ``session.between_steps()`` before each decode step, which runs
+it there (and at once when no decode is running).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Session(Protocol[Item, Result]):
 
     def deliver(self, item: Item, result: Result | BaseException) -> None: ...
 
+    def between_steps(self) -> int: ...
+
 
 @dataclass
 class _Pending(Generic[Item, Result]):
@@ -63,6 +68,7 @@ class ContinuousBatcher(Generic[Item, Result]):
         self._cond = threading.Condition()
         self._inbox: deque[_Pending[Item, Result]] = deque()
         self._inflight: dict[int, _Pending[Item, Result]] = {}
+        self._between: deque[_Pending[tuple[Callable[..., Any], Sequence[Any]], Any]] = deque()
         self._draining = False
         self._exclusive_waiting = 0
         self._closed = False
@@ -87,13 +93,30 @@ class ContinuousBatcher(Generic[Item, Result]):
             self._exclusive_waiting += 1
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._exclusive, fn, args)
 
+    async def run_between_steps(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the decode thread between two decode steps, without draining the batch.
+
+        A running decode runs it when it next calls ``session.between_steps()`` (before each step);
+        when no decode is running it runs at once (after whatever the thread is doing). The decoder
+        sees what ``fn`` changed from its next step on (e.g. new weights for the rows in flight).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._cond:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._between.append(_Pending((fn, args), future, loop))
+        self.executor.submit(self.between_steps)
+        return await future
+
     def close(self) -> None:
         """Stop; requests still waiting or decoding fail with :class:`EngineError`."""
         with self._cond:
             self._closed = True
-            pending = [*self._inbox, *self._inflight.values()]
+            pending = [*self._inbox, *self._inflight.values(), *self._between]
             self._inbox.clear()
             self._inflight.clear()
+            self._between.clear()
             self._cond.notify_all()
         for p in pending:
             _resolve(p, EngineError("the engine was closed before this request finished"))
@@ -119,6 +142,26 @@ class ContinuousBatcher(Generic[Item, Result]):
             pending = self._inflight.pop(id(item), None)
         if pending is not None:
             _resolve(pending, result)
+
+    def between_steps(self) -> int:
+        """Run the work queued by :meth:`run_between_steps` (on the decode thread); returns how many ran.
+
+        An exception goes to the caller of that work, not to the decoder.
+        """
+        ran = 0
+        while True:
+            with self._cond:
+                if not self._between:
+                    return ran
+                job = self._between.popleft()
+            fn, args = job.item
+            try:
+                result = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller of run_between_steps
+                result = exc
+                traceback.clear_frames(exc.__traceback__)
+            _resolve(job, result)
+            ran += 1
 
     # --- the worker thread -----------------------------------------------------------------------
 

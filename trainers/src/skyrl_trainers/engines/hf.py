@@ -9,9 +9,16 @@ cache; requests that arrive meanwhile are prefilled and join the running batch a
 generator, so a request with a ``seed`` gives the same tokens whatever it is batched with.
 Logprobs are described in :mod:`skyrl_trainers.engines.sampling`.
 
-Weight updates (:meth:`HFEngine.update_weights`) run on the same thread once the rows in flight are
-done (no new rows are admitted meanwhile), so no completion mixes two versions of the weights;
-``GenerateOutput.metadata["weight_version"]`` counts the updates a completion was generated with.
+Weight updates (:meth:`HFEngine.update_weights`) run on the same thread. With
+``in_flight_updates="off"`` (the default) they wait until the rows in flight are done (no new rows
+are admitted meanwhile), so no completion mixes two versions of the weights. With ``"keep"`` or
+``"recompute"`` they land between two decode steps without draining the batch: rows in flight go on
+with the new weights, over their KV cache as it is (``keep``: positions before the update hold the
+old weights' keys and values, and the next token is still sampled from logits the old weights
+computed) or after one forward over prompt + tokens so far with the new weights (``recompute``: the
+cache and the next token's logits are the new policy's). ``weight_version`` counts updates;
+``GenerateOutput.metadata["weight_version"]`` is the version when the request was admitted and
+``GenerateOutput.weight_versions`` the version whose logits each token was sampled from.
 
 On a float32 CPU model the linear layers decode with weights packed for oneDNN
 (:class:`PackedLinears`), which roughly halves a decode step; see ``HFEngineConfig.packed_weights``.
@@ -23,7 +30,7 @@ import inspect
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,6 +58,10 @@ class HFEngineConfig(BaseModel):
     packed_weights: bool | None = Field(None, description="Decode with a copy of the linear weights packed for "
                                         "oneDNN (CPU float32 only; one more copy of those weights while it is "
                                         "kept). None: on wherever it applies.")
+    in_flight_updates: Literal["off", "keep", "recompute"] = Field(
+        "off", description="What a weight update does to rows decoding: off: waits until they finish; "
+        "keep: lands between two decode steps, rows keep their KV cache and go on with the new weights; "
+        "recompute: as keep, but rows are re-prefilled with the new weights.")
 
 
 @dataclass
@@ -60,9 +71,11 @@ class _Request:
     row: RowParams
     max_new_tokens: int
     stop_ids: frozenset[int]
-    weight_version: int = 0
+    weight_version: int = 0  # at admission
+    logits_version: int = 0  # of the weights that computed the row's pending next-token logits
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)  # of each sampled token
     stop_reason: StopReason | None = None
 
 
@@ -146,6 +159,11 @@ class HFEngine:
             name="hf-engine")
 
     @property
+    def in_flight_updates(self) -> str:
+        """``off``, ``keep`` or ``recompute`` (``HFEngineConfig.in_flight_updates``)."""
+        return self.config.in_flight_updates
+
+    @property
     def batch_sizes(self) -> list[int]:
         """Requests each decode started with (for tests and benchmarks)."""
         return self._batcher.batch_sizes
@@ -159,8 +177,12 @@ class HFEngine:
         return await self._batcher.submit(self._request(prompt_ids, params))
 
     async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        """Copy new weights into the model in place once the rows in flight are done (see ``copy_named_tensors``)."""
-        await self._batcher.run_exclusive(self._copy_weights, named_tensors)
+        """Copy new weights into the model in place (see ``copy_named_tensors``): once the rows in flight
+        are done, or between two decode steps with ``in_flight_updates`` keep/recompute."""
+        if self.config.in_flight_updates == "off":
+            await self._batcher.run_exclusive(self._copy_weights, named_tensors)
+        else:
+            await self._batcher.run_between_steps(self._copy_weights, named_tensors)
 
     async def release_memory(self) -> None:
         """Drop what the engine keeps between batches (the packed weights), once the rows in flight are done.
@@ -174,8 +196,11 @@ class HFEngine:
 
     def _copy_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         self.packed.drop()  # stale from here on (a shared engine's weights changed in place already)
-        copy_named_tensors(self.model, named_tensors)
-        self.weight_version += 1
+        try:
+            copy_named_tensors(self.model, named_tensors)
+            self.weight_version += 1
+        finally:
+            self.packed.refresh()  # mid-decode (an in-flight update): repack now, before the next step
 
     def _request(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
         if not prompt_ids:
@@ -202,8 +227,13 @@ class HFEngine:
             self._decode_rows(requests, session)
 
     def _decode_rows(self, requests: list[_Request], session: Session[_Request, GenerateOutput]) -> None:
+        session.between_steps()
         batch = self._prefill(requests)
         while batch.rows and not session.closed:
+            version = self.weight_version
+            if session.between_steps() and self.weight_version != version and \
+                    self.config.in_flight_updates == "recompute":
+                batch = self._recompute(batch)
             tokens, logprobs = sample_next(batch.logits, [r.row for r in batch.rows], self.config.logprobs_mode)
             keep = []
             for i, (request, token, logprob) in enumerate(
@@ -225,8 +255,19 @@ class HFEngine:
         """One forward over the prompts; requests with the same prompt (a GRPO group) share its row."""
         for request in requests:
             request.weight_version = self.weight_version
+        return self._forward_contexts(requests, [r.prompt_ids for r in requests])
+
+    def _recompute(self, batch: _Batch) -> _Batch:
+        """The rows re-prefilled (prompt + tokens so far) with the current weights: a new cache and logits."""
+        batch.cache = None  # the old cache goes before the new one is built
+        return self._forward_contexts(batch.rows, [r.prompt_ids + r.token_ids for r in batch.rows])
+
+    def _forward_contexts(self, requests: list[_Request], contexts: list[list[int]]) -> _Batch:
+        """One forward over ``contexts`` (one per request; equal ones share a row): their cache and logits."""
+        for request in requests:
+            request.logits_version = self.weight_version
         unique: dict[tuple[int, ...], int] = {}
-        row_of = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in requests]
+        row_of = [unique.setdefault(tuple(c), len(unique)) for c in contexts]
         input_ids, attention_mask = _left_pad([list(p) for p in unique], self.pad_id, self.device)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
@@ -240,6 +281,8 @@ class HFEngine:
         return _Batch(list(requests), cache, logits, attention_mask, next_position)
 
     def _step(self, batch: _Batch, tokens: torch.Tensor) -> _Batch:
+        for request in batch.rows:
+            request.logits_version = self.weight_version
         mask = torch.cat([batch.attention_mask, batch.attention_mask.new_ones(len(batch.rows), 1)], dim=1)
         out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=batch.next_position[:, None],
                          use_cache=True, **{self.cache_kwarg: batch.cache})
@@ -249,6 +292,7 @@ class HFEngine:
         """Record one sampled token; True when the request is finished."""
         request.token_ids.append(token)
         request.logprobs.append(logprob)
+        request.weight_versions.append(request.logits_version)
         if token in request.stop_ids or self._hits_stop_string(request):
             request.stop_reason = "stop"
         elif len(request.token_ids) >= request.max_new_tokens:
@@ -267,7 +311,8 @@ class HFEngine:
         assert request.stop_reason is not None
         text = self.tokenizer.decode(request.token_ids, skip_special_tokens=False)
         return GenerateOutput(request.token_ids, request.logprobs, request.stop_reason, text,
-                              metadata={"weight_version": request.weight_version})
+                              metadata={"weight_version": request.weight_version},
+                              weight_versions=list(request.weight_versions))
 
 
 class PackedLinears:
@@ -281,7 +326,9 @@ class PackedLinears:
     and the next batch repacks (about 0.15 s for that model); weights changed in place without an
     update (their version counters moved) are repacked as well. The packed forwards are installed only
     inside ``with packed:`` (the engine's decode), as instance attributes, so the module seen by anyone
-    else (a copy, a state dict, a backward pass) is the plain one.
+    else (a copy, a state dict, a backward pass) is the plain one. An update that lands inside a decode
+    (``in_flight_updates``) calls :meth:`drop`, which also takes the stale forwards out, then
+    :meth:`refresh`, which repacks the new weights and puts the packed forwards back before the next step.
     """
 
     def __init__(self, model: torch.nn.Module, enabled: bool | None = None) -> None:
@@ -293,6 +340,7 @@ class PackedLinears:
                               "with oneDNN (torch.backends.mkldnn)")
         self.enabled = usable if enabled is None else enabled
         self.weights: list[torch.Tensor] | None = None
+        self.active = False  # inside ``with packed:``
         self._stamp: list[tuple[int, int]] = []
 
     def _current_stamp(self) -> list[tuple[int, int]]:
@@ -300,8 +348,13 @@ class PackedLinears:
         return [(layer.weight.data_ptr(), layer.weight._version) for layer in self.layers]
 
     def __enter__(self) -> PackedLinears:
+        self.active = True
+        self._install()
+        return self
+
+    def _install(self) -> None:
         if not self.enabled:
-            return self
+            return
         if self.weights is None or self._stamp != self._current_stamp():  # repack weights changed in place
             self._stamp = self._current_stamp()
             with torch.no_grad():
@@ -309,15 +362,26 @@ class PackedLinears:
                                 for layer in self.layers]
         for layer, weight in zip(self.layers, self.weights, strict=True):
             layer.forward = _packed_forward(weight, layer.bias)
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _uninstall(self) -> None:
         for layer in self.layers:
             layer.__dict__.pop("forward", None)
 
+    def __exit__(self, *exc: object) -> None:
+        self.active = False
+        self._uninstall()
+
     def drop(self) -> None:
-        """Free the packed copies (stale after a weight update); the next ``with`` repacks."""
+        """Free the packed copies (stale after a weight update); the next ``with`` (or :meth:`refresh`)
+        repacks. Inside a ``with`` the layers go back to their plain forwards meanwhile."""
         self.weights = None
+        self._uninstall()
+
+    def refresh(self) -> None:
+        """Inside a ``with``: repack weights that changed (or were dropped) and reinstall the packed
+        forwards, so the next forward uses the current weights. Outside one: nothing."""
+        if self.active:
+            self._install()
 
 
 def packing_available() -> bool:

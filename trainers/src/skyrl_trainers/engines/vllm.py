@@ -78,7 +78,16 @@ def check_vllm_available() -> None:
 
 
 class VLLMEngine:
-    """vLLM behind skyrl-core's ``InferenceEngine`` protocol. Safe to call concurrently from any loop."""
+    """vLLM behind skyrl-core's ``InferenceEngine`` protocol. Safe to call concurrently from any loop.
+
+    ``in_flight_updates`` is ``"off"``: this engine neither pauses requests for an update nor records
+    which weights produced each token. Today :meth:`update_weights` does not wait for requests in
+    flight either (vLLM runs the ``collective_rpc`` between its engine steps, so a request decoding
+    meanwhile goes on with the new weights over its old KV cache while its output still reports
+    ``metadata["weight_version"]`` from admission); callers update only between rollouts.
+    """
+
+    in_flight_updates = "off"
 
     def __init__(self, config: VLLMEngineConfig | None = None) -> None:
         check_vllm_available()
