@@ -227,9 +227,9 @@ def test_a_killed_async_run_resumes_without_training_a_task_twice(run_config, ex
     assert done == 10 + sum(r["async/dropped_groups"] for r in records)
 
 
-@pytest.mark.slow
 def test_async_grpo_learns_to_write_the_target_letter_within_the_staleness_bound(run_config, extra_envs):
-    # the sync learning test's task and settings, trained asynchronously (4 groups in flight, 1 step stale)
+    # the sync learning test's task and settings, trained asynchronously (4 groups in flight, 1 step stale);
+    # seeds 0-3 gain 0.19-0.29 by step 12, in about a second of training each
     cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
                      trainer={"steps": 12, "lr": 2e-2, "mode": "async", "max_staleness": 1, **OFF_POLICY})
     summary = FSDPGRPOTrainer(cfg).fit()
