@@ -379,20 +379,22 @@ def test_roomy_cache_layer_appends_in_place_and_matches_a_plain_layer():
     plain.update(*prefill)
     roomy.update(*prefill)
     roomy.__class__ = _RoomyLayer
-    pointers = set()
+    pointers = []
     for step in range(12):
         rows = plain.keys.shape[0]
         new = torch.randn(rows, 2, 1, 8, generator=generator), torch.randn(rows, 2, 1, 8, generator=generator)
         expected, got = plain.update(*new), roomy.update(*new)
         assert all(torch.equal(e, g) for e, g in zip(expected, got, strict=True))
-        pointers.add(roomy.keys.data_ptr())
+        pointers.append(roomy.keys.data_ptr())
         if step == 4:  # two rows leave the batch
             for layer in (plain, roomy):
                 layer.batch_select_indices(torch.tensor([0, 2]))
         if step == 8:  # replaced from outside (as a merge does): moved to new buffers at the next update
             for layer in (plain, roomy):
                 layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
-    assert len(pointers) == 3  # one buffer for the first steps, one after the selection, one after the replacement
+    # one buffer for the first steps, one after the selection, one after the replacement (counted as changes
+    # between consecutive steps: a freed buffer's address may be handed out again later)
+    assert sum(a != b for a, b in zip(pointers, pointers[1:])) == 2
 
 
 async def test_sampled_rows_leaving_the_batch_at_different_steps_match_their_solo_runs(engine):

@@ -54,7 +54,10 @@ async def test_the_model_outside_decoding_is_the_plain_trainable_one(tiny):
     try:
         prompt = prompts(tiny[1], 1)[0]
         await engine.generate(prompt, GREEDY)
-        assert engine.packed.weights is not None and layer_forwards_installed(engine) == 0
+        assert engine.packed.weights is not None
+        # the decode thread leaves its packing context just after delivering: wait for it to be idle
+        await engine._batcher.run_exclusive(lambda: None)
+        assert layer_forwards_installed(engine) == 0
         twin = copy.deepcopy(engine.model).train()  # e.g. a trainer's copy
         loss = twin(torch.tensor([prompt])).logits.logsumexp(-1).sum()
         loss.backward()
