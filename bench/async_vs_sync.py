@@ -55,7 +55,7 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
         "generator": {"id": "default", "n_samples_per_prompt": args.group, "max_tokens_per_turn": args.max_tokens,
                       "max_total_tokens": args.max_tokens * 10, "temperature": 1.0},
         "engine": {"id": "hf", "device": "cpu", "dtype": "float32", "max_batch_size": 64,
-                   **({"in_flight_updates": args.in_flight} if args.in_flight != "off" else {})},
+                   "in_flight_updates": args.in_flight},
         "trainer": {"id": "fsdp_grpo", "model": args.model, "device": "cpu", "batch_size": args.batch_size,
                     "steps": args.steps, "lr": args.lr, "export": False, "samples_per_step": 0,
                     "train_files": [str(tasks)], "mode": args.mode, "max_staleness": 1,
@@ -93,8 +93,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--placement", default="process", choices=["process", "in_process"])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--in-flight", default="off", choices=["off", "keep", "recompute"],
-                        help="engine.in_flight_updates: off waits for the rows in flight before a weight update")
+    parser.add_argument("--in-flight", default="keep", choices=["off", "keep", "recompute"],
+                        help="engine.in_flight_updates (every mode; the trainer's default off sync is keep): "
+                             "off waits for the rows in flight before a weight update")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one run, in a subprocess
     args = parser.parse_args()
     if args.mode:

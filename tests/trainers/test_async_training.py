@@ -118,6 +118,19 @@ def test_refused_combinations_say_why(run_config, extra_envs):
     check_mode(SimpleNamespace(trainer=SimpleNamespace(mode="sync")), OpenAIEngine)  # sync decides nothing here
 
 
+def test_overlapped_modes_let_weight_updates_land_mid_decode_unless_the_user_chose(run_config, extra_envs):
+    from skyrl_trainers.engine_setup import engine_config_for_policy
+
+    def chosen(trainer, engine=None):
+        sections = {"trainer": trainer, **({"engine": engine} if engine else {})}
+        return engine_config_for_policy(run_config(env="letter_e", **sections)).in_flight_updates
+
+    assert chosen({}) == "off"  # sync: the update follows the rollout anyway
+    assert chosen({"mode": "async", **OFF_POLICY}) == "keep"
+    assert chosen({"mode": "one_step_off", **OFF_POLICY}) == "keep"
+    assert chosen({"mode": "async", **OFF_POLICY}, {"id": "hf", "in_flight_updates": "recompute"}) == "recompute"
+
+
 # --- runs -----------------------------------------------------------------------------------------
 
 
