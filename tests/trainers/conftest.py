@@ -17,6 +17,27 @@ SMALL_RUN = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_cpu_thread():
+    """Decode with one intra-op thread: on a busy 2-core machine, 2-thread OpenMP regions stall for
+    tens of milliseconds per step (a 300-token decode goes from 0.4 s to 15 s). Restored afterwards.
+    Engine test modules use it with ``pytestmark = pytest.mark.usefixtures("one_cpu_thread")``."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny-random model and tokenizer (built once per module; tests copy the model before changing it)."""
+    from skyrl_trainers.models import build_tiny_random
+
+    return build_tiny_random()
+
+
 @pytest.fixture
 def extra_envs(register_skyrl_plugin):
     from trainer_support import TrainerTestEnvs

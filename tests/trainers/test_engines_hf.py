@@ -10,24 +10,11 @@ import torch
 from skyrl_core.engine import EngineError, SamplingParams
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
-from skyrl_trainers.models import build_tiny_random, cache_dir
+from skyrl_trainers.models import cache_dir
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    """Decode with one intra-op thread: on a busy 2-core machine, 2-thread OpenMP regions stall for
-    tens of milliseconds per step (a 300-token decode goes from 0.4 s to 15 s). Restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny_random()
 
 
 @pytest.fixture
@@ -394,7 +381,7 @@ def test_roomy_cache_layer_appends_in_place_and_matches_a_plain_layer():
                 layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
     # one buffer for the first steps, one after the selection, one after the replacement (counted as changes
     # between consecutive steps: a freed buffer's address may be handed out again later)
-    assert sum(a != b for a, b in zip(pointers, pointers[1:])) == 2
+    assert sum(a != b for a, b in zip(pointers, pointers[1:], strict=False)) == 2
 
 
 async def test_sampled_rows_leaving_the_batch_at_different_steps_match_their_solo_runs(engine):

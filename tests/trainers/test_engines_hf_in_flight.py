@@ -12,24 +12,11 @@ from skyrl_core.engine import SamplingParams
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.trajectory import TrajectoryBatch
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig, PackedLinears, packing_available
-from skyrl_trainers.models import build_tiny_random
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 LONG = SamplingParams(max_tokens=40, temperature=0)
 UPDATE_AFTER = 11  # forwards (the prefill, then 10 decode steps) before the update is queued
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    """One intra-op thread (see tests/trainers/test_engines_hf.py); restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny_random()
 
 
 @pytest.fixture(scope="module")

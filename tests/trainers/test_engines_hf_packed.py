@@ -8,16 +8,10 @@ import pytest
 import torch
 from skyrl_core.engine import EngineError, SamplingParams
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig, packing_available
-from skyrl_trainers.models import build_tiny_random
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN linear packing")
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny_random()
 
 
 def engine_on(tiny, **options) -> HFEngine:

@@ -7,29 +7,15 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.trajectory import TrajectoryBatch
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
-from skyrl_trainers.models import build_tiny_random
 from skyrl_trainers.trainer import FSDPGRPOTrainer, accepts_seed
 from trainer_support import read_metrics
 
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
+
 TASKS = [{"id": "a", "text": "apple"}, {"id": "b", "text": "river stone"}, {"id": "c", "text": "kiwi"}]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    """One intra-op thread (see test_engines_hf.py: 2-thread OpenMP regions stall on a busy 2-core machine)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny_random()
 
 
 async def rollout(tiny, seed, concurrency, engine_seed):
