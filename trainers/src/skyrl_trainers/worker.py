@@ -121,6 +121,8 @@ class TrainWorker:
                 batch = collate(samples, self.pad_id, pack=self.pack).to(self.device)
                 accumulate(totals, self._backward(batch, plan, old[k][m] if old else None))
             accumulate(totals, self._optimizer_step())
+        # the gradients are dead until the next step: free them for the rollout in between
+        self.optimizer.zero_grad(set_to_none=True)
         return totals
 
     @torch.no_grad()
