@@ -25,7 +25,7 @@ def register_envs(register: Register) -> None:
             "generator": {"n_samples_per_prompt": 4, "max_tokens_per_turn": 64, "temperature": 0.7},
             # In row order, every three steps cover the twelve task kinds once, so any three
             # consecutive steps are equally hard and their rewards compare.
-            "trainer": {"data_split": "starter", "shuffle": False, "steps": 12, "batch_size": 4, "lr": 2e-5},
+            "trainer": {"data_split": "starter", "shuffle": False, "steps": 21, "batch_size": 4, "lr": 2e-5},
         },
     ))
 
