@@ -76,8 +76,7 @@ class FSDPGRPOTrainer:
         print(f"run folder: {self.run_folder.path}", flush=True)
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
         spec = WorkerSpec(cfg, temperature=temperature, seed=run.seed)
-        # off sync the engine generates while the trainer updates: it needs its own copy of the weights
-        shared = cfg.mode == "sync" and can_share_weights(self.config, engine_class(self.config))
+        shared = can_share_weights(self.config, engine_class(self.config))  # never off sync (see its docstring)
         self.resumed_state = resumed
         loop = asyncio.new_event_loop()
         engine = logger = workers = None
@@ -183,11 +182,11 @@ class _StepLoop:
         progress.phase(step, "sync weights")
         self.sync_weights(changed=metrics["train/optimizer_steps"] > 0)
         t3 = time.perf_counter()
-        generated = sum(sum(t.loss_mask) for t in batch.trajectories)
         metrics.update({"time/generate_seconds": t1 - t0, "time/train_seconds": t2 - t1,
                         "time/sync_seconds": t3 - t2, "time/step_seconds": t3 - t0,
                         "throughput/train_tokens_per_second": metrics.pop("train/input_tokens") / max(t2 - t1, 1e-9),
-                        "throughput/generated_tokens_per_second": generated / max(t1 - t0, 1e-9),
+                        # the generator's own count (the rollout is the whole generation phase in sync)
+                        "throughput/generated_tokens_per_second": metrics.get("rollout/generated_tokens_per_second", 0.0),
                         "async/generation_idle_fraction": (t3 - t1) / max(t3 - t0, 1e-9),
                         "async/training_idle_fraction": 1.0 - (t2 - t1) / max(t3 - t0, 1e-9)})
         return metrics
