@@ -34,6 +34,32 @@ class OffPolicyCorrection(BaseModel):
     sequence_cap: float = Field(5.0, gt=0, description="Cap of the per-sequence weight (tis=sequence).")
 
 
+class LoRAConfig(BaseModel):
+    """Low-rank adapters on the policy (``trainer.lora``), built with ``peft``; ``rank=0`` trains every weight.
+
+    Each targeted linear layer ``W`` becomes ``W + (alpha / rank) * B @ A`` with trainable ``A``
+    (``rank x in``) and ``B`` (``out x rank``, zero at the start), while ``W`` stays frozen. Only ``A`` and
+    ``B`` are in the optimizer and in checkpoints; the engines and the export get the merged weights.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(0, ge=0, description="Adapter rank r; 0 turns LoRA off (full fine-tuning).")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the adapter's update is multiplied by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input during training.")
+    target_modules: str | list[str] = Field(
+        "all-linear", description="Layers that get adapters: 'all-linear' (every linear layer but the output head), "
+        "a list of module names such as [q_proj, v_proj] (matched as name suffixes), or a regex over full names.")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, value: str | list[str]) -> str | list[str]:
+        names = [value] if isinstance(value, str) else value
+        if not names or any(not name.strip() for name in names):
+            raise ValueError("give 'all-linear' or at least one non-empty module name")
+        return value
+
+
 class FSDPGRPOConfig(BaseModel):
     """Options of the ``fsdp_grpo`` trainer. Defaults are a short CPU run of the embedded model."""
 
@@ -53,6 +79,9 @@ class FSDPGRPOConfig(BaseModel):
     # smollm2-135m (weights, grads, AdamW) near 4 GB on CPU; the gradient does not depend on it.
     micro_batch_tokens: int = Field(512, ge=1, description="Token budget (rows x padded length) of one micro-batch; "
                                     "the gradient does not depend on it, peak memory does.")
+
+    lora: LoRAConfig = Field(default_factory=lambda: LoRAConfig(),
+                             description="LoRA adapters instead of full fine-tuning (off while rank=0).")
 
     # optimisation
     steps: int = Field(2, ge=1, description="Training steps (each: one rollout batch, one optimizer step per mini-batch).")

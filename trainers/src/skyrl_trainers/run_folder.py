@@ -5,7 +5,10 @@
     RUN_DIR/samples.jsonl                    a few trajectories per step (metrics.train_step = step)
     RUN_DIR/checkpoints/step_000004/         shards/ (model + optimizer), worker_rank*.pt, trainer_state.pt
     RUN_DIR/checkpoints/latest               name of the newest complete checkpoint, written last
-    RUN_DIR/export/                          Hugging Face folder of the final policy
+    RUN_DIR/export/                          Hugging Face folder of the final policy (LoRA merged in)
+    RUN_DIR/export/lora_adapter/             with trainer.lora: the adapter alone (peft save_pretrained)
+
+With LoRA a checkpoint's ``shards/`` hold only the adapters and their optimizer state.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any
 import yaml
 from skyrl_core.factory import ConfigError
 
+LORA_ADAPTER_FOLDER = "lora_adapter"  # inside the export folder
+
 
 class RunFolderError(ConfigError):
     """``run.output_dir`` or ``run.resume`` points at the wrong folder (no checkpoint, or another run)."""
@@ -31,6 +36,7 @@ class RunFolder:
         self.metrics = self.path / "metrics.jsonl"
         self.samples = self.path / "samples.jsonl"
         self.export = self.path / "export"
+        self.export_adapter = self.export / LORA_ADAPTER_FOLDER
 
     def create(self, config: dict[str, Any], resuming: bool = False) -> None:
         """Make the folder and write the config; a fresh run refuses a folder that holds another run."""

@@ -2,6 +2,10 @@
 
 The same class runs in-process (world size 1), in a spawned worker process, or inside a Ray actor;
 only the transport around it differs (see :mod:`skyrl_trainers.workers`).
+
+With ``trainer.lora.rank > 0`` the policy is a ``peft`` model (:mod:`skyrl_trainers.lora`): the base is
+sharded like any policy but frozen, only the adapters are in the optimizer and the checkpoints, and
+everything that leaves the rank (engine weights, the export) is the merged plain model.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import torch.distributed as dist
 from skyrl_trainers.batching import MiniBatchPlan
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import PACKABLE_ATTENTION, MicroBatch, collate, token_logprobs
+from skyrl_trainers.lora import MergedView, WithoutAdapters, apply_lora, is_lora, merged_state_dict
 from skyrl_trainers.objective import Normalisers, micro_batch_loss
 from skyrl_trainers.rng import rng_state, set_rng_state
+from skyrl_trainers.run_folder import LORA_ADAPTER_FOLDER
 
 
 @dataclass
@@ -46,8 +52,6 @@ class TrainWorker:
     """Rank ``rank`` of ``world_size``; joins the process group at ``master_addr:master_port``."""
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, spec: WorkerSpec) -> None:
-        from skyrl_trainers.models import load_model_and_tokenizer
-
         self.rank, self.world_size, self.spec = rank, world_size, spec
         cfg = self.cfg = spec.config
         kind = resolve_device(cfg.device)
@@ -57,26 +61,43 @@ class TrainWorker:
         dist.init_process_group("cpu:gloo,cuda:nccl" if kind == "cuda" else "gloo",
                                 init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=spec.timeout_s))
+        try:
+            self._build(kind)
+        except BaseException:
+            self.close()  # a rank that failed to build must not keep the process group (an in-process retry)
+            raise
+
+    def _build(self, kind: str) -> None:
+        """Policy (sharded, with LoRA adapters if configured), reference model, optimizer and scheduler."""
+        from skyrl_trainers.models import load_model_and_tokenizer
+
+        cfg, spec, rank = self.cfg, self.spec, self.rank
         torch.manual_seed(spec.seed + rank)
         random.seed(spec.seed + rank)
-        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, dtype=torch.float32, device=str(self.device))
-        self.hf_config = self.model.config
+        model, self.tokenizer = load_model_and_tokenizer(cfg.model, dtype=torch.float32, device=str(self.device))
+        self.hf_config = model.config
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # shared-prompt rows need an attention that takes a custom mask (see skyrl_trainers.forward)
-        self.pack = getattr(self.model.config, "_attn_implementation", None) in PACKABLE_ATTENTION
+        self.pack = getattr(model.config, "_attn_implementation", None) in PACKABLE_ATTENTION
         self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and kind == "cuda")
         if cfg.gradient_checkpointing:
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
-                self.model.gradient_checkpointing_enable
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
-        self.model.train()
-        self._shard(self.model)
-        self.ref_model = None
-        if cfg.kl_coef > 0:
+        self.lora = cfg.lora.rank > 0
+        # the module being trained: the plain model, or a peft model around it
+        self.policy = apply_lora(model, cfg.lora) if self.lora else model
+        self.policy.train()
+        self._shard(self.policy)
+        self._merged_view: MergedView | None = None
+        self.ref_model: Any = None
+        if cfg.kl_coef > 0 and self.lora:  # the frozen base is the reference
+            self.ref_model = WithoutAdapters(self.policy)
+        elif cfg.kl_coef > 0:
             self.ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=torch.float32, device=str(self.device))
             self.ref_model.requires_grad_(False)
             self._shard(self.ref_model)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.adam_betas,
+        self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, betas=cfg.adam_betas,
                                            weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -102,12 +123,27 @@ class TrainWorker:
         kwargs: dict[str, Any] = {"mesh": mesh}
         if self.bf16:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        layer_classes = tuple(getattr(model, "_no_split_modules", None) or ())
+        hf_model = model.get_base_model() if is_lora(model) else model
+        layer_classes = tuple(getattr(hf_model, "_no_split_modules", None) or ())
         for module in model.modules():
             if type(module).__name__ in layer_classes:
                 fully_shard(module, **kwargs)
         fully_shard(model, **kwargs)
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy as a plain Hugging Face module whose tensors are this rank's own, for an engine that
+        generates with them in place (``engine_setup.shared_engine``, one unsharded rank only): the trained
+        module itself, or with LoRA a :class:`~skyrl_trainers.lora.MergedView` kept current after each update."""
+        if not self.lora:
+            return self.policy
+        if self._merged_view is None:
+            if self.world_size > 1:
+                raise RuntimeError("a LoRA policy sharded over several ranks has no in-place merged model; "
+                                   "take its weights with full_state_dict()")
+            self._merged_view = MergedView(self.policy)
+        return self._merged_view.module
 
     # -- training ---------------------------------------------------------------------------------
 
@@ -123,12 +159,17 @@ class TrainWorker:
             accumulate(totals, self._optimizer_step())
         # the gradients are dead until the next step: free them for the rollout in between
         self.optimizer.zero_grad(set_to_none=True)
+        self._refresh_merged_view()
         return totals
+
+    def _refresh_merged_view(self) -> None:
+        if self._merged_view is not None:
+            self._merged_view.refresh()
 
     @torch.no_grad()
     def _old_logprobs(self, plans: list[MiniBatchPlan]) -> list[list[torch.Tensor]]:
         """Log-probs under the weights before this step's first update (needed when it has several)."""
-        return [[self._forward(self.model, collate(samples, self.pad_id, pack=self.pack).to(self.device))
+        return [[self._forward(self.policy, collate(samples, self.pad_id, pack=self.pack).to(self.device))
                  for samples in plan.micro_batches] for plan in plans]
 
     def _forward(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
@@ -137,7 +178,7 @@ class TrainWorker:
 
     def _backward(self, batch: MicroBatch, plan: MiniBatchPlan, old_logp: torch.Tensor | None) -> dict[str, float]:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            loss, metrics = micro_batch_loss(self.cfg, self.model, batch,
+            loss, metrics = micro_batch_loss(self.cfg, self.policy, batch,
                                              Normalisers(plan.batch_tokens, plan.batch_sequences),
                                              old_logp=old_logp, ref_model=self.ref_model,
                                              temperature=self.spec.temperature)
@@ -146,7 +187,7 @@ class TrainWorker:
         return metrics
 
     def _optimizer_step(self) -> dict[str, float]:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.max_grad_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         grad_norm = float(norm)
         lr = self.scheduler.get_last_lr()[0]
@@ -162,52 +203,82 @@ class TrainWorker:
     # -- weights out --------------------------------------------------------------------------------
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The unsharded weights on CPU at rank 0 (``None`` elsewhere); a collective call."""
+        """The unsharded weights on CPU at rank 0 (``None`` elsewhere) under the plain Hugging Face names,
+        adapters merged in; a collective call."""
+        state = self._gathered_policy_state()
+        if state is None or not self.lora:
+            return state
+        return merged_state_dict(self.policy, state)
+
+    def _gathered_policy_state(self) -> dict[str, torch.Tensor] | None:
+        """The trained module's own full state dict (peft's names under LoRA) at rank 0; a collective call."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.rank == 0 else None
 
     def export(self, folder: str) -> None:
-        """Write a Hugging Face folder (safetensors, config, tokenizer) that ``from_pretrained`` loads."""
+        """Write a Hugging Face folder (safetensors, config, tokenizer) that ``from_pretrained`` loads: the
+        policy, with LoRA merged in, plus (LoRA) the adapter alone in ``folder/lora_adapter`` in peft's
+        ``save_pretrained`` format."""
         from transformers import AutoModelForCausalLM
 
-        state = self.full_state_dict()
+        state = self._gathered_policy_state()
         if self.rank != 0:
             return
         model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
-        model.load_state_dict(state, strict=True)
-        if self.model.generation_config is not None:
-            model.generation_config = self.model.generation_config
+        model.load_state_dict(merged_state_dict(self.policy, state) if self.lora else state, strict=True)
+        generation_config = getattr(self.policy, "generation_config", None)
+        if generation_config is not None:
+            model.generation_config = generation_config
         model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
+        if self.lora:
+            self.policy.save_pretrained(str(Path(folder) / LORA_ADAPTER_FOLDER), state_dict=state)
 
     # -- checkpoints --------------------------------------------------------------------------------
 
     def save_checkpoint(self, folder: str) -> None:
-        """Sharded model and optimizer (torch.distributed.checkpoint) plus this rank's scheduler and RNG."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        """Sharded model and optimizer (torch.distributed.checkpoint) plus this rank's scheduler and RNG.
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        With LoRA the model part holds the adapters only: the frozen base is reloaded from ``trainer.model``."""
+        import torch.distributed.checkpoint as dcp
+
+        model_state, optim_state = self._checkpoint_state()
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(Path(folder) / "shards"))
         torch.save({"scheduler": self.scheduler.state_dict(), "rng": rng_state()},
                    Path(folder) / f"worker_rank{self.rank}.pt")
 
     def load_checkpoint(self, folder: str) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._checkpoint_state()
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(Path(folder) / "shards"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # dcp.load insists on every key asked for; non-strict only excuses the frozen base (LoRA)
+        set_state_dict(self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(strict=not self.lora))
+        self._refresh_merged_view()
         extra_path = Path(folder) / f"worker_rank{self.rank}.pt"
         if not extra_path.exists():
             extra_path = Path(folder) / "worker_rank0.pt"  # resumed with more ranks than were saved
         extra = torch.load(extra_path, weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         set_rng_state(extra["rng"])
+
+    def _checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Model and optimizer state to checkpoint: every parameter, or (LoRA) the trainable ones only.
+
+        Filtered by name rather than with ``ignore_frozen_params``, which keeps a frozen weight tied to
+        another (the output head of tiny-random or SmolLM2: a vocabulary-sized matrix)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.policy, self.optimizer)
+        if self.lora:
+            trainable = {name for name, p in self.policy.named_parameters(remove_duplicate=False) if p.requires_grad}
+            model_state = {k: v for k, v in model_state.items() if k in trainable}
+        return model_state, optim_state
 
     def close(self) -> None:
         if dist.is_initialized():
