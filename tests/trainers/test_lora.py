@@ -31,11 +31,11 @@ ADAPTED = "model.layers.0.self_attn.q_proj.weight"  # a layer under an adapter w
 PROMPT = [5, 6, 7, 8, 9]
 
 
-def plan(seed):
+def plan(seed, world_size=1):
     generator = torch.Generator().manual_seed(seed)
     batch = [TrainSample(torch.randint(10, 500, (9,), generator=generator).tolist(), 4, [1] * 5, [-3.0] * 5, a)
-             for a in (1.0, -1.0, 0.5)]
-    return plan_step(batch, world_size=1, mini_batches=1, micro_batch_tokens=1000)
+             for a in (1.0, -1.0, 0.5, 0.25)]
+    return plan_step(batch, world_size=world_size, mini_batches=1, micro_batch_tokens=1000)
 
 
 def lora_spec(**lora):
@@ -200,6 +200,35 @@ def test_targets_that_match_no_layer_name_the_field():
         LocalWorkerGroup(lora_spec(target_modules="nothing_matches_this"))
 
 
+@pytest.mark.slow
+def test_a_sharded_lora_policy_trains_like_one_rank_and_its_checkpoint_loads_on_one(tmp_path):
+    from skyrl_trainers.workers import ProcessWorkerGroup
+
+    group = ProcessWorkerGroup(lora_spec(), world_size=2)  # FSDP2: the frozen base and the adapters are sharded
+    try:
+        group.call("train_step", per_rank=plan(1, world_size=2))
+        sharded = group.call("full_state_dict")[0]
+        group.call("save_checkpoint", str(tmp_path))
+    finally:
+        group.close()
+    single = LocalWorkerGroup(lora_spec())
+    try:
+        single.call("train_step", per_rank=plan(1))
+        expected = single.call("full_state_dict")[0]
+    finally:
+        single.close()
+    resumed = LocalWorkerGroup(lora_spec())
+    try:
+        resumed.call("load_checkpoint", str(tmp_path))
+        loaded = resumed.call("full_state_dict")[0]
+    finally:
+        resumed.close()
+    assert not torch.equal(sharded[ADAPTED], build_tiny_random()[0].state_dict()[ADAPTED])
+    for key, value in expected.items():
+        assert torch.allclose(sharded[key], value, atol=1e-6), key
+        assert torch.equal(loaded[key], sharded[key]), key
+
+
 def test_a_lora_run_trains_resumes_and_exports(run_config, extra_envs):
     trainer = {"lora": {"rank": 8, "alpha": 16}, "kl_coef": 0.01, "checkpoint_every": 1, "lr": 5e-3}
     cfg = run_config(env="letter_e", trainer={**trainer, "steps": 2})
@@ -215,3 +244,13 @@ def test_a_lora_run_trains_resumes_and_exports(run_config, extra_envs):
     assert torch.equal(exported["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])
     assert not torch.equal(exported[ADAPTED], initial[ADAPTED])
     assert (run_dir / "export" / LORA_ADAPTER_FOLDER / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_lora_grpo_learns_to_write_the_target_letter(run_config, extra_envs):
+    # run.seed 0-5 all gain 0.11-0.22 by step 12 (seed 0, the default: 0.03 -> 0.24)
+    cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
+                     trainer={"steps": 12, "lr": 2e-2, "lora": {"rank": 8}, "export": False})
+    FSDPGRPOTrainer(cfg).fit()
+    rewards = [r["reward/mean"] for r in read_metrics(cfg.run.output_dir)]
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
