@@ -27,7 +27,7 @@ from skyrl_core.trajectory import Trajectory, TrajectoryBatch, write_jsonl
 
 from skyrl_trainers.batching import plan_step, training_samples
 from skyrl_trainers.config import FSDPGRPOConfig
-from skyrl_trainers.credit import assign_advantages
+from skyrl_trainers.credit import assign_advantages, episode_key
 from skyrl_trainers.data import TaskStream, load_training_tasks
 from skyrl_trainers.engine_setup import (
     alias_policy,
@@ -217,15 +217,35 @@ class _StepLoop:
             self.loop.run_until_complete(self.engine.wake_up(["kv_cache"]))
 
     def write_samples(self, step: int, trajectories: list[Trajectory]) -> None:
-        """Copy ``samples_per_step`` trajectories, spread over the batch, to ``samples.jsonl``."""
+        """Copy ``samples_per_step`` root episodes, spread over the batch, to ``samples.jsonl``, each
+        followed by its child episodes (rlm_tree sub-calls, linked by ``parent_id``) so a viewer can
+        draw the tree; the env's sub-call limits bound a tree's size. Each record gets
+        ``metrics.train_step`` and, unless it is left out of the loss, ``metrics.advantage``."""
         if not self.cfg.samples_per_step:
             return
-        stride = max(1, len(trajectories) // self.cfg.samples_per_step)
-        chosen = trajectories[::stride][: self.cfg.samples_per_step]
-        for t in chosen:
-            t.metrics["train_step"] = float(step)
+        advantages = assign_advantages(trajectories, estimator=self.cfg.advantage,
+                                       norm_by_std=self.cfg.grpo_norm_by_std, child_advantage=self.cfg.child_advantage)
+        episodes: dict[str, list[int]] = {}  # episode -> its records (several in step-wise mode)
+        children: dict[str, list[str]] = {}
+        for index, t in enumerate(trajectories):
+            key = episode_key(t)
+            if key not in episodes and t.parent_id is not None:
+                children.setdefault(t.parent_id, []).append(key)
+            episodes.setdefault(key, []).append(index)
+        roots = [key for key, records in episodes.items() if trajectories[records[0]].parent_id is None]
+        stride = max(1, len(roots) // self.cfg.samples_per_step)
+        chosen: list[int] = []
+        pending = roots[::stride][: self.cfg.samples_per_step][::-1]
+        while pending:  # depth-first, each episode before its children, in call order
+            key = pending.pop()
+            chosen.extend(episodes[key])
+            pending.extend(reversed(children.get(key, [])))
+        for index in chosen:
+            trajectories[index].metrics["train_step"] = float(step)
+            if advantages[index] is not None:
+                trajectories[index].metrics["advantage"] = float(advantages[index])
         if chosen:
-            write_jsonl(self.run_folder.samples, chosen, append=True)
+            write_jsonl(self.run_folder.samples, [trajectories[i] for i in chosen], append=True)
 
     def checkpoint(self, step: int, overlap_state: dict[str, Any] | None = None) -> None:
         """Weights, optimizer, data position and RNG; off sync also ``overlap_state`` (key ``async``)."""
