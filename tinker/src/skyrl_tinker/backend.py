@@ -1,0 +1,259 @@
+"""One base model, many LoRA adapters: forward/backward, optimizer steps and adapter state.
+
+Multi-tenancy: every training client is a *named adapter* of one ``peft.PeftModel`` that wraps the
+single copy of the base weights. peft keeps each adapter's ``lora_A``/``lora_B`` in their own
+parameters and ``set_adapter`` routes the forward through one adapter only (and marks only its
+parameters trainable), so a backward for client A can never write into client B's gradients, and
+accumulated gradients simply stay on an adapter's parameters until its own ``optim_step``. Each
+adapter has its own AdamW. The alternative, one ``PeftModel`` per client over a shared base module,
+would make peft wrap the same ``nn.Linear`` objects twice; named adapters are the use peft supports.
+
+Not thread-safe: the server calls it from one worker thread (see :mod:`skyrl_tinker.futures`).
+Adapters are never applied to the output head (``train_unembed`` is ignored): on models with tied
+embeddings a LoRA delta on the head would also move the input embeddings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from skyrl_trainers.forward import MicroBatch, token_logprobs
+from skyrl_trainers.models import load_model_and_tokenizer, model_source
+
+from skyrl_tinker.losses import LossInputError, check_datum, elementwise_loss, loss_batch, resolve_config
+from skyrl_tinker.wire import DatumIn
+
+log = logging.getLogger(__name__)
+
+LORA_ALPHA = 32  # Tinker exposes only the rank; scaling is alpha / rank
+_PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no client has an adapter
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    rank: int
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "seed": self.seed, "train_attn": self.train_attn, "train_mlp": self.train_mlp}
+
+
+@dataclass
+class _Adapter:
+    name: str
+    spec: AdapterSpec
+    optimizer: torch.optim.Optimizer
+    steps: int = 0
+    pending_grads: bool = False
+
+
+@dataclass
+class ForwardResult:
+    outputs: list[dict[str, np.ndarray]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Backend:
+    """The base model wrapped for LoRA, and each client's adapter and optimizer."""
+
+    def __init__(self, base_model: str, *, device: str = "cpu", max_batch_datums: int = 1024,
+                 micro_batch_tokens: int = 8192) -> None:
+        model, tokenizer = load_model_and_tokenizer(base_model, device=device)
+        self.base_model_name = base_model
+        self.tokenizer = tokenizer
+        self.tokenizer_source = model_source(base_model)
+        self.device = torch.device(device)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        self.max_batch_datums = max_batch_datums
+        self.micro_batch_tokens = micro_batch_tokens
+        self.arch = getattr(model.config, "model_type", None)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        head = model.get_output_embeddings()
+        # base weights of every adapter-able linear (shared, never modified: LoRA leaves the base frozen)
+        self.base_linear_weights: dict[str, torch.Tensor] = {
+            f"{name}.weight": module.weight for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not head}
+        self._attn_names = sorted({n.rsplit(".", 2)[-2] for n in self.base_linear_weights if "attn" in n})
+        self._mlp_names = sorted({n.rsplit(".", 2)[-2] for n in self.base_linear_weights if "mlp" in n})
+        self.peft = get_peft_model(model, self._lora_config(AdapterSpec(rank=1)), adapter_name=_PLACEHOLDER)
+        self.peft.eval()
+        self._adapters: dict[str, _Adapter] = {}
+        self._counter = 0
+
+    # --- adapters --------------------------------------------------------------------------------
+
+    def _lora_config(self, spec: AdapterSpec) -> LoraConfig:
+        targets = (self._attn_names if spec.train_attn else []) + (self._mlp_names if spec.train_mlp else [])
+        if not targets:
+            raise LossInputError("the LoRA config trains nothing: set train_attn or train_mlp")
+        return LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets)
+
+    def has(self, model_id: str) -> bool:
+        return model_id in self._adapters
+
+    def spec(self, model_id: str) -> AdapterSpec:
+        return self._adapters[model_id].spec
+
+    def create(self, model_id: str, spec: AdapterSpec) -> None:
+        """A fresh adapter (``lora_B = 0``, so it starts as the base model) and its AdamW."""
+        if spec.rank < 1:
+            raise LossInputError(f"LoRA rank must be >= 1, got {spec.rank} (full fine-tuning is not supported)")
+        if model_id in self._adapters:
+            raise LossInputError(f"model {model_id!r} already exists")
+        self._counter += 1
+        name = f"adapter{self._counter}"
+        with torch.random.fork_rng(devices=[]):
+            if spec.seed is not None:
+                torch.manual_seed(spec.seed)
+            self.peft.add_adapter(name, self._lora_config(spec))
+        params = self._params(name)
+        optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        self._adapters[model_id] = _Adapter(name, spec, optimizer)
+
+    def drop(self, model_id: str) -> None:
+        adapter = self._adapters.pop(model_id, None)
+        if adapter is not None:
+            self.peft.delete_adapter(adapter.name)
+            self.peft.set_adapter(_PLACEHOLDER)
+
+    def _params(self, name: str) -> list[torch.nn.Parameter]:
+        return [p for n, p in self.peft.named_parameters() if f".{name}." in n]
+
+    def _activate(self, model_id: str) -> _Adapter:
+        adapter = self._adapters.get(model_id)
+        if adapter is None:
+            raise KeyError(model_id)
+        self.peft.set_adapter(adapter.name)
+        return adapter
+
+    # --- validation ------------------------------------------------------------------------------
+
+    def check_batch(self, data: Sequence[DatumIn], loss_fn: str, config: Mapping[str, float | str] | None
+                    ) -> dict[str, float]:
+        """Raise :class:`LossInputError` for anything Tinker would refuse; returns the resolved config."""
+        resolved = resolve_config(loss_fn, config)
+        if not data:
+            raise LossInputError("forward_backward got no data")
+        if len(data) > self.max_batch_datums:
+            raise LossInputError(f"batch has {len(data)} datums, the server accepts at most {self.max_batch_datums} "
+                                 "per request (--max-batch-datums)")
+        for i, datum in enumerate(data):
+            if self.max_context is not None and len(datum.tokens) > self.max_context:
+                raise LossInputError(f"datum {i}: {len(datum.tokens)} tokens, the model's context is {self.max_context}")
+            check_datum(loss_fn, i, datum.tokens, datum.loss_fn_inputs, self.vocab_size)
+        return resolved
+
+    # --- training --------------------------------------------------------------------------------
+
+    def forward_backward(self, model_id: str, data: Sequence[DatumIn], loss_fn: str,
+                         config: Mapping[str, float | str] | None, *, forward_only: bool = False) -> ForwardResult:
+        """Per-datum ``logprobs`` and ``elementwise_loss``; gradients of the summed loss are added to the
+        adapter's ``.grad`` (kept until :meth:`optim_step`) unless ``forward_only``."""
+        resolved = self.check_batch(data, loss_fn, config)
+        adapter = self._activate(model_id)
+        outputs: list[dict[str, np.ndarray]] = []
+        total = 0.0
+        for chunk in self._micro_batches(data):
+            with torch.set_grad_enabled(not forward_only):
+                logp, per_token, batch = self._loss(chunk, loss_fn, resolved)
+                loss = per_token.sum()
+                if not forward_only:
+                    loss.backward()
+            total += float(loss.detach())
+            for i, datum in enumerate(chunk):
+                n = len(datum.tokens)
+                outputs.append({"logprobs": logp[i, :n].detach().float().cpu().numpy(),
+                                "elementwise_loss": per_token[i, :n].detach().float().cpu().numpy()})
+            del batch
+        if not forward_only:
+            adapter.pending_grads = True
+        return ForwardResult(outputs, {"loss:sum": total})
+
+    def _micro_batches(self, data: Sequence[DatumIn]) -> list[list[DatumIn]]:
+        chunks: list[list[DatumIn]] = [[]]
+        width = 0
+        for datum in data:
+            width = max(width, len(datum.tokens))
+            if chunks[-1] and width * (len(chunks[-1]) + 1) > self.micro_batch_tokens:
+                chunks.append([])
+                width = len(datum.tokens)
+            chunks[-1].append(datum)
+        return chunks
+
+    def _loss(self, chunk: Sequence[DatumIn], loss_fn: str, config: Mapping[str, float]
+              ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        batch = self.micro_batch(chunk)
+        losses = loss_batch([d.loss_fn_inputs for d in chunk], batch.targets.shape[1]).to(self.device)
+        logp, _ = token_logprobs(self.peft, batch)
+        return logp, elementwise_loss(loss_fn, logp, losses, config), batch
+
+    def micro_batch(self, chunk: Sequence[DatumIn]) -> MicroBatch:
+        """One datum per right-padded row; position ``t`` of a row predicts ``target_tokens[t]``."""
+        n, width = len(chunk), max(len(d.tokens) for d in chunk)
+        ids = torch.zeros(n, width, dtype=torch.long)
+        mask = torch.zeros(n, width, dtype=torch.long)
+        targets = torch.zeros(n, width, dtype=torch.long)
+        for i, datum in enumerate(chunk):
+            k = len(datum.tokens)
+            ids[i, :k] = torch.tensor(datum.tokens)
+            mask[i, :k] = 1
+            targets[i, :k] = torch.as_tensor(datum.loss_fn_inputs["target_tokens"].astype(np.int64))
+        positions = torch.arange(width).expand(n, width).contiguous()
+        predictors = torch.arange(n * width).view(n, width)
+        zeros = torch.zeros(n, width)
+        return MicroBatch(ids, positions, mask, predictors, targets, mask.float(), zeros, zeros).to(self.device)
+
+    def optim_step(self, model_id: str, params: Mapping[str, float]) -> dict[str, float]:
+        """One AdamW step on the adapter's accumulated gradients (then cleared), with Tinker's AdamParams."""
+        adapter = self._activate(model_id)
+        lr = float(params.get("learning_rate", 1e-4))
+        for group in adapter.optimizer.param_groups:
+            group.update(lr=lr, betas=(float(params.get("beta1", 0.9)), float(params.get("beta2", 0.95))),
+                         eps=float(params.get("eps", 1e-12)), weight_decay=float(params.get("weight_decay", 0.0)))
+        trainable = [p for group in adapter.optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in trainable if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+        clip = float(params.get("grad_clip_norm", 0.0))
+        if clip > 0 and grads:
+            torch.nn.utils.clip_grad_norm_(trainable, clip)
+        adapter.optimizer.step()
+        adapter.optimizer.zero_grad(set_to_none=True)
+        adapter.steps += 1
+        adapter.pending_grads = False
+        return {"grad_norm:mean": norm, "learning_rate:mean": lr, "step:max": float(adapter.steps)}
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
+        """The adapter's weights (peft's saved-adapter naming), copied to CPU."""
+        adapter = self._adapters[model_id]
+        state = get_peft_model_state_dict(self.peft, adapter_name=adapter.name)
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+
+    def optimizer_state(self, model_id: str) -> dict[str, Any]:
+        adapter = self._adapters[model_id]
+        return {"optimizer": adapter.optimizer.state_dict(), "steps": adapter.steps}
+
+    def load_state(self, model_id: str, weights: Mapping[str, torch.Tensor],
+                   optimizer: Mapping[str, Any] | None = None) -> None:
+        """Overwrite an existing adapter's weights (and optimizer state when given)."""
+        adapter = self._adapters[model_id]
+        result = set_peft_model_state_dict(self.peft, dict(weights), adapter_name=adapter.name)
+        unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unexpected:
+            raise LossInputError(f"checkpoint does not fit this adapter: unexpected keys {unexpected[:3]}")
+        for p in self._params(adapter.name):
+            p.grad = None
+        if optimizer is not None:
+            adapter.optimizer.load_state_dict(optimizer["optimizer"])
+            adapter.steps = int(optimizer.get("steps", 0))

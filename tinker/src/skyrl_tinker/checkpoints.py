@@ -1,0 +1,153 @@
+"""``tinker://`` checkpoints on disk: written atomically, listed, and read back after a restart.
+
+Layout under the checkpoint dir::
+
+    <run_id>/run.json                          base model, LoRA spec, creation time
+    <run_id>/weights/<name>/                   save_weights: adapter.safetensors, optimizer.pt, meta.json
+    <run_id>/sampler_weights/<name>/           save_weights_for_sampler: adapter.safetensors, meta.json
+
+``tinker://<run_id>/weights/<name>`` names the folder ``<run_id>/weights/<name>``. A checkpoint is
+written into a hidden sibling folder and renamed into place, so a crash never leaves a half-written
+checkpoint under a real name, and listing skips hidden folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+KINDS = {"weights": "training", "sampler_weights": "sampler"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")
+
+
+class CheckpointError(ValueError):
+    """A bad or unknown checkpoint path, or a name already taken; the message says which."""
+
+
+@dataclass(frozen=True)
+class TinkerPath:
+    run_id: str
+    kind: str  # "weights" or "sampler_weights"
+    name: str
+
+    @classmethod
+    def parse(cls, path: str) -> TinkerPath:
+        if not path.startswith("tinker://"):
+            raise CheckpointError(f"checkpoint path {path!r} must start with tinker://")
+        parts = path.removeprefix("tinker://").split("/")
+        if len(parts) != 3 or parts[1] not in KINDS or not _RUN.match(parts[0]) or not _NAME.match(parts[2]):
+            raise CheckpointError(f"checkpoint path {path!r} is not tinker://<run_id>/(weights|sampler_weights)/<name>")
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return f"tinker://{self.run_id}/{self.kind}/{self.name}"
+
+
+class CheckpointStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # --- runs ------------------------------------------------------------------------------------
+
+    def write_run(self, run_id: str, base_model: str, spec: dict[str, Any]) -> None:
+        folder = self.root / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(folder / "run.json", {"base_model": base_model, "lora": spec, "created": time.time()})
+
+    def read_run(self, run_id: str) -> dict[str, Any]:
+        try:
+            return json.loads((self.root / run_id / "run.json").read_text())
+        except (OSError, ValueError):
+            raise CheckpointError(f"unknown training run {run_id!r}") from None
+
+    def runs(self) -> list[str]:
+        return sorted(p.parent.name for p in self.root.glob("*/run.json"))
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def save(self, path: TinkerPath, adapter: dict[str, torch.Tensor], meta: dict[str, Any],
+             optimizer: dict[str, Any] | None = None, *, overwrite: bool = False) -> None:
+        """Write the checkpoint atomically (tmp folder, then rename)."""
+        final = self.folder(path)
+        if final.exists() and not overwrite:
+            raise CheckpointError(f"checkpoint {path} already exists (pass overwrite=True or choose another name)")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            save_file(adapter, str(tmp / "adapter.safetensors"))
+            if optimizer is not None:
+                torch.save(optimizer, tmp / "optimizer.pt")
+            _write_json_atomic(tmp / "meta.json", {**meta, "time": time.time()})
+            if final.exists():
+                old = final.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+                final.rename(old)
+                tmp.rename(final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def load(self, path: TinkerPath, *, optimizer: bool = False
+             ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any] | None]:
+        folder = self.folder(path)
+        if not (folder / "meta.json").exists():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        meta = json.loads((folder / "meta.json").read_text())
+        weights = load_file(str(folder / "adapter.safetensors"))
+        opt = None
+        if optimizer:
+            if not (folder / "optimizer.pt").exists():
+                raise CheckpointError(f"checkpoint {path} has no optimizer state (sampler checkpoints never do)")
+            opt = torch.load(folder / "optimizer.pt", weights_only=True)
+        return weights, meta, opt
+
+    def delete(self, path: TinkerPath) -> None:
+        folder = self.folder(path)
+        if not folder.exists():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        shutil.rmtree(folder)
+
+    def folder(self, path: TinkerPath) -> Path:
+        return self.root / path.run_id / path.kind / path.name
+
+    def list(self, run_id: str) -> list[dict[str, Any]]:
+        """Checkpoints of a run, oldest first, as Tinker ``Checkpoint`` objects."""
+        out = []
+        for kind, ctype in KINDS.items():
+            for folder in (self.root / run_id / kind).glob("*/meta.json"):
+                folder = folder.parent
+                if folder.name.startswith("."):
+                    continue
+                meta = json.loads((folder / "meta.json").read_text())
+                size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+                path = TinkerPath(run_id, kind, folder.name)
+                out.append({"checkpoint_id": f"{kind}/{folder.name}", "checkpoint_type": ctype,
+                            "time": _iso(meta.get("time", 0.0)), "tinker_path": str(path), "size_bytes": size,
+                            "public": False, "user_metadata": meta.get("user_metadata")})
+        return sorted(out, key=lambda c: c["time"])
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def _write_json_atomic(target: Path, data: dict[str, Any]) -> None:
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, target)

@@ -1,0 +1,42 @@
+"""``skyrl-tinker serve`` (also ``skyrl tinker serve``): run the Tinker API server."""
+
+from __future__ import annotations
+
+import typer
+
+DEFAULT_PORT = 8000
+
+
+def serve(
+    base_model: str = typer.Option("tiny-random", "--base-model",
+                                   help="Built-in name (tiny-random, smollm2-135m), local HF folder or hub id."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (there is no authentication: keep "
+                             "it on loopback or a trusted network)."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="Port to listen on."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
+    checkpoint_dir: str = typer.Option("~/.cache/skyrl/tinker", "--checkpoint-dir",
+                                       help="Where tinker:// checkpoints are written (kept across restarts)."),
+    session_timeout: float = typer.Option(300.0, "--session-timeout",
+                                          help="Seconds without a heartbeat before a session is reaped."),
+    max_batch_datums: int = typer.Option(1024, "--max-batch-datums",
+                                         help="Most datums accepted in one forward_backward request."),
+) -> None:
+    """Serve the Tinker API for one base model; clients train LoRA adapters on it and sample from them."""
+    import uvicorn
+
+    from skyrl_tinker.app import ServerConfig, create_app
+
+    config = ServerConfig(base_model=base_model, device=device, checkpoint_dir=checkpoint_dir,
+                          session_timeout=session_timeout, max_batch_datums=max_batch_datums)
+    typer.echo(f"skyrl-tinker: serving {base_model} on http://{host}:{port} (checkpoints in {checkpoint_dir})")
+    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(help="A Tinker API server on skyrl-trainers.", no_args_is_help=True, add_completion=False)
+    app.command("serve")(serve)
+    return app
+
+
+def main() -> None:
+    build_app()()

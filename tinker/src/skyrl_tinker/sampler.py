@@ -1,0 +1,152 @@
+"""Sampling through our ``hf`` engine, from the base model or from base + a LoRA adapter merged.
+
+The engine holds one plain copy of the base model. A sampler's weights are a set of LoRA deltas
+(``scale * B @ A`` per adapted linear, taken when the sampler was saved); before a group of requests
+for one sampler runs, the engine's linears are set to ``base + delta`` through
+``HFEngine.update_weights`` (skipped when that sampler is already loaded). Requests are taken in
+rounds, grouped by sampler, and each group's requests decode together in the engine's batcher.
+Logprobs are the model's raw log-softmax (``logprobs_mode="raw"``) whatever the temperature, the
+same quantity :meth:`Sampler.prompt_logprobs` computes, so ``compute_logprobs`` on sampled tokens
+reproduces the logprobs returned with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from skyrl_core.engine import SamplingParams
+from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
+from skyrl_trainers.models import load_model_and_tokenizer
+
+from skyrl_tinker.futures import Future, FutureStore
+from skyrl_tinker.wire import encode_sample_response
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplerWeights:
+    """What a sampling session samples from: ``key`` names it, ``deltas`` are empty for the base model."""
+
+    key: str
+    deltas: Mapping[str, torch.Tensor]
+
+
+@dataclass
+class SampleJob:
+    future: Future
+    weights: SamplerWeights
+    prompt: list[int]
+    num_samples: int
+    params: SamplingParams
+    prompt_logprobs: bool
+    prompt_logprobs_last_n: int | None = None
+
+
+class Sampler:
+    """Owns the engine and a thread running its event loop."""
+
+    def __init__(self, base_model: str, base_linear_weights: Mapping[str, torch.Tensor], futures: FutureStore,
+                 *, device: str = "cpu", max_batch_size: int = 64) -> None:
+        model, tokenizer = load_model_and_tokenizer(base_model, device=device)
+        self.engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(
+            max_batch_size=max_batch_size, batch_wait_ms=2.0, logprobs_mode="raw"))
+        self.base = base_linear_weights
+        self.futures = futures
+        self._loaded_key = "base"
+        self._loaded_names: set[str] = set()
+        self._loop = asyncio.new_event_loop()
+        self._queue: asyncio.Queue[SampleJob] | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run_loop, name="tinker-sample", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self.engine.close()
+
+    def submit(self, job: SampleJob) -> None:
+        assert self._queue is not None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._queue = asyncio.Queue()
+        self._loop.create_task(self._consume())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _consume(self) -> None:
+        assert self._queue is not None
+        while True:
+            jobs = [await self._queue.get()]
+            while not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
+            groups: dict[str, list[SampleJob]] = {}
+            for job in jobs:
+                groups.setdefault(job.weights.key, []).append(job)
+            for group in groups.values():
+                try:
+                    await self._run_group(group)
+                except Exception as exc:  # a broken group must not stop sampling for everyone
+                    log.exception("sampling failed")
+                    for job in group:
+                        if not job.future.done:
+                            self.futures.fail(job.future, f"internal error: {type(exc).__name__}: {exc}", "server")
+
+    async def _run_group(self, group: list[SampleJob]) -> None:
+        await self._load(group[0].weights)
+        outputs = await asyncio.gather(*(self._generate(job) for job in group), return_exceptions=True)
+        for job, result in zip(group, outputs, strict=True):
+            if isinstance(result, BaseException):
+                self.futures.fail(job.future, str(result), "user" if isinstance(result, ValueError) else "server")
+                continue
+            prompt_lp = None
+            if job.prompt_logprobs:
+                prompt_lp = self.prompt_logprobs(job.prompt)
+                if job.prompt_logprobs_last_n is not None:
+                    keep = len(prompt_lp) - job.prompt_logprobs_last_n
+                    prompt_lp[:keep] = [math.nan] * keep
+            self.futures.finish(job.future, encode_sample_response(result, prompt_lp))
+
+    async def _generate(self, job: SampleJob) -> list[tuple[str, list[int], list[float]]]:
+        calls = []
+        for i in range(job.num_samples):
+            params = job.params
+            if params.seed is not None and i:
+                params = params.model_copy(update={"seed": params.seed + i})
+            calls.append(self.engine.generate(job.prompt, params))
+        outs = await asyncio.gather(*calls)
+        return [(o.stop_reason, list(o.token_ids), list(o.logprobs or [])) for o in outs]
+
+    async def _load(self, weights: SamplerWeights) -> None:
+        """Put ``base + deltas`` into the engine for every linear that this or the last sampler adapts."""
+        if weights.key == self._loaded_key:
+            return
+        names = self._loaded_names | set(weights.deltas)
+        update = {}
+        for name in names:
+            base = self.base[name]
+            delta = weights.deltas.get(name)
+            update[name] = base if delta is None else base + delta.to(base.device, base.dtype)
+        await self.engine.update_weights(update)
+        self._loaded_key, self._loaded_names = weights.key, set(weights.deltas)
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, prompt: list[int]) -> list[float]:
+        """``log p(prompt[t] | prompt[:t])`` under the loaded weights; NaN at position 0 (no context)."""
+        model = self.engine.model
+        ids = torch.tensor([prompt], device=self.engine.device)
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        return [math.nan, *logp.tolist()]

@@ -1,0 +1,238 @@
+"""The binary side of the Tinker wire format: protobuf bodies, zstd, and the tensors inside them.
+
+The client sends ``forward_backward`` as a protobuf ``ForwardBackwardRequest`` (optionally zstd
+compressed) and accepts ``ForwardBackwardOutput`` and ``SampleResponse`` results only as protobuf.
+The schema is declared here from the field numbers the client uses (written as a descriptor in
+code, so the server needs neither the client package nor ``protoc``); fields the server does not
+read (images, audio, provenance spans, top-k logprobs) are left out and skipped by the parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zstandard
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+_PACKAGE = "skyrl_tinker.wire"
+# descriptor_pb2.FieldDescriptorProto types and labels used below
+_DOUBLE, _INT64, _INT32, _BOOL, _STRING, _MESSAGE, _BYTES = 1, 3, 5, 8, 9, 11, 12
+_OPTIONAL, _REPEATED = 1, 3
+
+# proto DType enum values
+DTYPE_FLOAT32, DTYPE_INT64, DTYPE_INT32 = 1, 2, 3
+_NUMPY_OF_DTYPE = {DTYPE_FLOAT32: np.float32, DTYPE_INT64: np.int64, DTYPE_INT32: np.int32}
+STOP_REASON = {"stop": 0, "length": 1}
+# A compressed body may not expand past this (a zip bomb is a bad request, not an out-of-memory crash).
+MAX_DECOMPRESSED_BYTES = 512 * 1024 * 1024
+
+
+class WireError(ValueError):
+    """A body that cannot be decoded; the message says what was wrong."""
+
+
+# --- schema --------------------------------------------------------------------------------------
+
+_MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
+    # name: [(field, number, type, label, message type)]
+    "SparseCsr": [("values", 1, _BYTES, _OPTIONAL, ""), ("crow_indices", 2, _BYTES, _OPTIONAL, ""),
+                  ("col_indices", 3, _BYTES, _OPTIONAL, "")],
+    "Tensor": [("dense", 1, _BYTES, _OPTIONAL, ""), ("sparse_csr", 2, _MESSAGE, _OPTIONAL, "SparseCsr"),
+               ("dtype", 3, _INT32, _OPTIONAL, ""), ("shape", 4, _INT64, _REPEATED, "")],
+    "EncodedTextChunk": [("tokens", 1, _BYTES, _OPTIONAL, "")],
+    "Chunk": [("encoded_text", 1, _MESSAGE, _OPTIONAL, "EncodedTextChunk")],
+    "Datum": [("model_input", 1, _MESSAGE, _REPEATED, "Chunk")],
+    "LossConfigValue": [("number", 1, _DOUBLE, _OPTIONAL, ""), ("text", 2, _STRING, _OPTIONAL, "")],
+    "ForwardBackwardRequest": [("model_id", 1, _STRING, _OPTIONAL, ""), ("seq_id", 2, _INT32, _OPTIONAL, ""),
+                               ("data", 3, _MESSAGE, _REPEATED, "Datum"), ("loss_fn", 4, _STRING, _OPTIONAL, ""),
+                               ("forward_only", 6, _BOOL, _OPTIONAL, "")],
+    "BatchedTensor": [("data", 1, _BYTES, _OPTIONAL, ""), ("offsets", 2, _BYTES, _OPTIONAL, ""),
+                      ("dtype", 3, _INT32, _OPTIONAL, ""), ("trailing_shape", 4, _INT64, _REPEATED, "")],
+    "ArrayRecord": [("type_tag", 1, _STRING, _OPTIONAL, ""), ("num_datums", 3, _INT64, _OPTIONAL, "")],
+    "ForwardBackwardOutput": [("loss_fn_output_type", 1, _STRING, _OPTIONAL, ""),
+                              ("loss_fn_outputs", 2, _MESSAGE, _REPEATED, "ArrayRecord")],
+    "SampledSequence": [("stop_reason", 1, _INT32, _OPTIONAL, ""), ("tokens", 2, _BYTES, _OPTIONAL, ""),
+                        ("logprobs", 3, _BYTES, _OPTIONAL, "")],
+    "SampleResponse": [("sequences", 1, _MESSAGE, _REPEATED, "SampledSequence"),
+                       ("prompt_logprobs", 2, _BYTES, _OPTIONAL, "")],
+}
+# map fields: (message, field, number, value type, value message type)
+_MAPS = [
+    ("Datum", "loss_fn_inputs", 2, _MESSAGE, "Tensor"),
+    ("ForwardBackwardRequest", "loss_fn_config", 5, _DOUBLE, ""),
+    ("ForwardBackwardRequest", "loss_fn_config_v2", 7, _MESSAGE, "LossConfigValue"),
+    ("ArrayRecord", "fields", 2, _MESSAGE, "BatchedTensor"),
+    ("ForwardBackwardOutput", "metrics", 3, _DOUBLE, ""),
+]
+_ONEOFS = {"Tensor": ("encoding", ("dense", "sparse_csr")), "LossConfigValue": ("value", ("number", "text"))}
+
+
+def _build_classes() -> dict[str, Any]:
+    file = descriptor_pb2.FileDescriptorProto(name="skyrl_tinker_wire.proto", package=_PACKAGE, syntax="proto3")
+    protos = {}
+    for name, fields in _MESSAGES.items():
+        message = file.message_type.add(name=name)
+        oneof = _ONEOFS.get(name)
+        if oneof:
+            message.oneof_decl.add(name=oneof[0])
+        for fname, number, ftype, label, type_name in fields:
+            f = message.field.add(name=fname, number=number, type=ftype, label=label)
+            if type_name:
+                f.type_name = f".{_PACKAGE}.{type_name}"
+            if oneof and fname in oneof[1]:
+                f.oneof_index = 0
+        protos[name] = message
+    for owner, fname, number, vtype, vmessage in _MAPS:
+        entry_name = "".join(part.capitalize() for part in fname.split("_")) + "Entry"
+        entry = protos[owner].nested_type.add(name=entry_name)
+        entry.options.map_entry = True
+        entry.field.add(name="key", number=1, type=_STRING, label=_OPTIONAL)
+        value = entry.field.add(name="value", number=2, type=vtype, label=_OPTIONAL)
+        if vmessage:
+            value.type_name = f".{_PACKAGE}.{vmessage}"
+        protos[owner].field.add(name=fname, number=number, type=_MESSAGE, label=_REPEATED,
+                                type_name=f".{_PACKAGE}.{owner}.{entry_name}")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
+            for name in _MESSAGES}
+
+
+_CLASSES = _build_classes()
+
+
+# --- decoded request -----------------------------------------------------------------------------
+
+@dataclass
+class DatumIn:
+    """One training example: input tokens and named loss inputs (numpy, dense)."""
+
+    tokens: list[int]
+    loss_fn_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class ForwardBackwardIn:
+    model_id: str
+    seq_id: int | None
+    data: list[DatumIn]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str]
+    forward_only: bool
+
+
+def decompress(body: bytes, encoding: str | None) -> bytes:
+    """``body`` as sent, or zstd-decompressed when ``Content-Encoding`` says so."""
+    if not encoding or encoding.lower() == "identity":
+        return body
+    if encoding.lower() != "zstd":
+        raise WireError(f"unsupported Content-Encoding {encoding!r}; this server accepts zstd or none")
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(body) as reader:
+            out = reader.read(MAX_DECOMPRESSED_BYTES + 1)
+    except zstandard.ZstdError as exc:
+        raise WireError(f"body is not valid zstd: {exc}") from exc
+    if len(out) > MAX_DECOMPRESSED_BYTES:
+        raise WireError(f"decompressed body is larger than {MAX_DECOMPRESSED_BYTES} bytes")
+    return out
+
+
+def parse_forward_backward(body: bytes) -> ForwardBackwardIn:
+    """Decode a protobuf ``ForwardBackwardRequest``."""
+    msg = _CLASSES["ForwardBackwardRequest"]()
+    try:
+        msg.ParseFromString(body)
+    except Exception as exc:  # protobuf raises DecodeError or RuntimeError depending on the backend
+        raise WireError(f"body is not a ForwardBackwardRequest protobuf: {exc}") from exc
+    config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
+    for key, value in msg.loss_fn_config_v2.items():
+        config[key] = value.text if value.WhichOneof("value") == "text" else float(value.number)
+    data = []
+    for i, datum in enumerate(msg.data):
+        tokens: list[int] = []
+        for chunk in datum.model_input:
+            if not chunk.HasField("encoded_text"):
+                raise WireError(f"datum {i}: only token chunks (EncodedTextChunk) are supported; "
+                                "image and audio chunks are not")
+            tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
+        inputs = {name: _tensor(tensor, f"datum {i} loss_fn_inputs[{name!r}]")
+                  for name, tensor in datum.loss_fn_inputs.items()}
+        data.append(DatumIn(tokens, inputs))
+    return ForwardBackwardIn(msg.model_id, msg.seq_id or None, data, msg.loss_fn, config, msg.forward_only)
+
+
+def _tensor(msg: Any, where: str) -> np.ndarray:
+    np_dtype = _NUMPY_OF_DTYPE.get(msg.dtype)
+    if np_dtype is None:
+        raise WireError(f"{where}: unsupported dtype code {msg.dtype}")
+    shape = [int(s) for s in msg.shape]
+    try:
+        if msg.WhichOneof("encoding") == "sparse_csr":
+            csr = msg.sparse_csr
+            values = np.frombuffer(csr.values, dtype=np_dtype)
+            crow = np.frombuffer(csr.crow_indices, dtype=np.int64)
+            cols = np.frombuffer(csr.col_indices, dtype=np.int64)
+            if len(shape) != 2 or len(crow) != shape[0] + 1 or len(cols) != len(values):
+                raise WireError(f"{where}: malformed sparse CSR tensor")
+            dense = np.zeros(shape, dtype=np_dtype)
+            for row in range(shape[0]):
+                lo, hi = int(crow[row]), int(crow[row + 1])
+                dense[row, cols[lo:hi]] = values[lo:hi]
+            return dense
+        flat = np.frombuffer(msg.dense, dtype=np_dtype)
+        return (flat.reshape(shape) if shape else flat).copy()  # frombuffer arrays are read-only
+    except (ValueError, IndexError) as exc:
+        raise WireError(f"{where}: data does not match shape {shape}: {exc}") from exc
+
+
+def tensor_from_json(value: Mapping[str, Any], where: str) -> np.ndarray:
+    """A ``TensorData`` JSON object (``data``, ``dtype``, ``shape``, optional CSR indices) as numpy."""
+    np_dtype = {"float32": np.float32, "int64": np.int64}.get(value.get("dtype"))
+    if np_dtype is None:
+        raise WireError(f"{where}: dtype must be float32 or int64, got {value.get('dtype')!r}")
+    data = np.asarray(value.get("data", []), dtype=np_dtype)
+    shape = value.get("shape") or [len(data)]
+    try:
+        if value.get("sparse_crow_indices") is not None:
+            crow, cols = value["sparse_crow_indices"], value.get("sparse_col_indices") or []
+            dense = np.zeros(shape, dtype=np_dtype)
+            for row in range(shape[0]):
+                dense[row, cols[crow[row]:crow[row + 1]]] = data[crow[row]:crow[row + 1]]
+            return dense
+        return data.reshape(shape)
+    except (ValueError, IndexError, TypeError) as exc:
+        raise WireError(f"{where}: data does not match shape {shape}: {exc}") from exc
+
+
+# --- encoded results -----------------------------------------------------------------------------
+
+def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]], metrics: Mapping[str, float],
+                                   output_type: str = "ArrayRecord") -> bytes:
+    """Per-datum 1-D float32 arrays as one batched ``ArrayRecord`` (concatenated, with byte offsets)."""
+    msg = _CLASSES["ForwardBackwardOutput"](loss_fn_output_type=output_type)
+    for key, value in metrics.items():
+        msg.metrics[key] = float(value)
+    record = msg.loss_fn_outputs.add(type_tag=output_type, num_datums=len(outputs))
+    names = list(outputs[0]) if outputs else []
+    for name in names:
+        arrays = [np.ascontiguousarray(o[name], dtype=np.float32).reshape(-1) for o in outputs]
+        offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
+        record.fields[name].data = b"".join(a.tobytes() for a in arrays)
+        record.fields[name].offsets = offsets.tobytes()
+        record.fields[name].dtype = DTYPE_FLOAT32
+    return msg.SerializeToString()
+
+
+def encode_sample_response(sequences: Sequence[tuple[str, Sequence[int], Sequence[float]]],
+                           prompt_logprobs: Sequence[float] | None = None) -> bytes:
+    """``(stop_reason, tokens, logprobs)`` per sample; prompt logprobs with NaN where none (position 0)."""
+    msg = _CLASSES["SampleResponse"]()
+    for stop_reason, tokens, logprobs in sequences:
+        msg.sequences.add(stop_reason=STOP_REASON[stop_reason], tokens=np.asarray(tokens, np.int32).tobytes(),
+                          logprobs=np.asarray(logprobs, np.float32).tobytes())
+    if prompt_logprobs is not None:
+        msg.prompt_logprobs = np.asarray(prompt_logprobs, np.float32).tobytes()
+    return msg.SerializeToString()
