@@ -240,6 +240,12 @@ class Backend:
         state = get_peft_model_state_dict(self.peft, adapter_name=adapter.name)
         return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 
+    def gradients(self, model_id: str) -> dict[str, torch.Tensor]:
+        """The adapter's accumulated gradients (peft's saved-adapter naming), copied to CPU; for checks."""
+        name = self._adapters[model_id].name
+        return {n.replace(f".{name}.", "."): p.grad.detach().to("cpu", copy=True)
+                for n, p in self.peft.named_parameters() if f".{name}." in n and p.grad is not None}
+
     def optimizer_state(self, model_id: str) -> dict[str, Any]:
         adapter = self._adapters[model_id]
         return {"optimizer": adapter.optimizer.state_dict(), "steps": adapter.steps}
