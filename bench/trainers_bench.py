@@ -13,13 +13,17 @@ GRPO sampling (8 chat prompts x 4 samples, temperature 1, at most ``--max-tokens
     GFLOP/s of a large ``torch.matmul`` (decode is bound by streaming the weights, so it is not reached).
 Training (the 16 prompt+response pairs from the engine, GRPO-style advantages):
   * baseline: a bare forward / token log-likelihood loss / backward / AdamW step on an unwrapped model;
-  * one ``fsdp_grpo`` step: ``TrainWorker.train_step`` (FSDP2, world size 1, PPO-clip, token mean).
+  * one ``fsdp_grpo`` step: ``TrainWorker.train_step`` (FSDP2, world size 1, PPO-clip, token mean);
+LoRA against full fine-tuning (``--lora-rank``, default 8, all-linear targets; 0 skips it): the same
+``fsdp_grpo`` step on the same sequences, each variant's worker alone in a fresh process, so its
+peak memory (RSS, or CUDA max allocated) is that worker's only; the ratios are LoRA / full.
 Each row is the best of 3 runs; ratios are against the baseline of the same table, measured in the
 same run. Peak memory is the highest RSS during the phase (sampled every 5 ms), or CUDA max
 allocated on a GPU.
 
     python bench/trainers_bench.py                       # tiny-random and smollm2-135m on CPU
     python bench/trainers_bench.py --models tiny-random --device cuda
+    python bench/trainers_bench.py --models smollm2-135m --skip-generation   # training table only
 """
 
 from __future__ import annotations
@@ -202,6 +206,15 @@ def bench_generation(name: str, model, tokenizer, device: str, max_tokens: int) 
     return [p + o.token_ids for p, o in zip(prompts, outputs, strict=True)], [len(p) for p in prompts], outputs
 
 
+def sample_once(model, tokenizer, max_tokens: int) -> tuple[list[list[int]], list[int], list]:
+    """The generation table's 16 greedy sequences, without timing anything."""
+    prompts = prompts_for(tokenizer)
+    engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(max_batch_size=len(prompts)))
+    _, outputs = engine_concurrent(engine, prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
+    engine.close()
+    return [p + o.token_ids for p, o in zip(prompts, outputs, strict=True)], [len(p) for p in prompts], outputs
+
+
 def matmul_gflops(device: str, size: int = 2048, repeats: int = 10) -> float:
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     best = float("inf")
@@ -294,13 +307,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def grpo_worker(name: str, device: str) -> Iterator:
+def grpo_worker(name: str, device: str, lora_rank: int = 0) -> Iterator:
     import torch.distributed as dist
-    from skyrl_trainers.config import FSDPGRPOConfig
+    from skyrl_trainers.config import FSDPGRPOConfig, LoRAConfig
     from skyrl_trainers.worker import TrainWorker, WorkerSpec
 
     config = FSDPGRPOConfig(model=name, device="cuda" if device.startswith("cuda") else "cpu", lr=1e-6,
-                            micro_batch_tokens=1 << 20)
+                            micro_batch_tokens=1 << 20, lora=LoRAConfig(rank=lora_rank))
     worker = TrainWorker(0, 1, "127.0.0.1", free_port(), WorkerSpec(config))
     try:
         yield worker
@@ -308,7 +321,8 @@ def grpo_worker(name: str, device: str) -> Iterator:
         dist.destroy_process_group()
 
 
-def bench_training(name: str, model, tokenizer, device: str, sequences, prompt_lengths, outputs) -> None:
+def bench_training(name: str, model, tokenizer, device: str, sequences, prompt_lengths, outputs,
+                   lora_rank: int = 8) -> None:
     from skyrl_trainers.batching import TrainSample, plan_step
 
     lengths = torch.tensor([float(len(o.token_ids)) for o in outputs])
@@ -318,9 +332,9 @@ def bench_training(name: str, model, tokenizer, device: str, sequences, prompt_l
     total_tokens = sum(len(s.input_ids) for s in samples)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
+    plans = plan_step(samples, world_size=1, mini_batches=1, micro_batch_tokens=1 << 20)[0]
     rows = [measure_bare_step(model, samples, pad, device)]
     with grpo_worker(name, device) as worker:
-        plans = plan_step(samples, world_size=1, mini_batches=1, micro_batch_tokens=1 << 20)[0]
         worker.train_step(plans)  # warm-up
 
         def grpo_step() -> int:
@@ -330,6 +344,41 @@ def bench_training(name: str, model, tokenizer, device: str, sequences, prompt_l
         rows.append(measure("fsdp_grpo TrainWorker.train_step (FSDP2, world 1)", device, grpo_step))
     print_table(f"Training: {name} on {device}, one step on {len(samples)} sequences ({total_tokens} tokens)",
                 rows, "tokens")
+    if lora_rank:
+        bench_lora(name, device, plans, total_tokens, lora_rank)
+
+
+def grpo_step_alone(name: str, device: str, lora_rank: int, plans, tokens: int, threads: int, conn) -> None:
+    """Body of a fresh process: build one worker, warm it up (optimizer state), measure its step."""
+    torch.set_num_threads(threads)
+    label = f"fsdp_grpo step, LoRA r={lora_rank} all-linear" if lora_rank else "fsdp_grpo step, full fine-tuning"
+    with grpo_worker(name, device, lora_rank=lora_rank) as worker:
+        worker.train_step(plans)
+
+        def step() -> int:
+            worker.train_step(plans)
+            return tokens
+
+        conn.send(measure(label, device, step))
+
+
+def bench_lora(name: str, device: str, plans, tokens: int, lora_rank: int) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    rows = []
+    for rank in (0, lora_rank):
+        parent, child = context.Pipe()
+        process = context.Process(target=grpo_step_alone,
+                                  args=(name, device, rank, plans, tokens, torch.get_num_threads(), child))
+        process.start()
+        rows.append(parent.recv())
+        process.join()
+    full, lora = rows
+    print_table(f"LoRA vs full fine-tuning: {name} on {device}, the same step, each worker alone in a fresh process "
+                "(baseline: full)", rows, "tokens")
+    print(f"LoRA r={lora_rank} / full fine-tuning: step time {lora.seconds / full.seconds:.2f}x, "
+          f"peak memory {lora.peak_mb / full.peak_mb:.2f}x ({lora.peak_mb:.0f} / {full.peak_mb:.0f} MiB)")
 
 
 def main() -> None:
@@ -338,6 +387,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-tokens", type=int, default=0, help="New tokens per request (0: 64 tiny, 32 else).")
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--skip-generation", action="store_true",
+                        help="Only the training table (its sequences are then sampled by the hf engine once).")
+    parser.add_argument("--lora-rank", type=int, default=8, help="LoRA rank of the extra training row (0: none).")
     parser.add_argument("--grpo-only", action="store_true", help="Only the GRPO sampling table.")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a shared, loaded CPU, multi-threaded OpenMP "
@@ -353,10 +405,13 @@ def main() -> None:
             bench_grpo_sampling(name, model, tokenizer, args.device, args.max_tokens or 64)
             del model
             continue
-        sequences, prompt_lengths, outputs = bench_generation(name, model, tokenizer, args.device, max_tokens)
-        bench_grpo_sampling(name, model, tokenizer, args.device, args.max_tokens or 64)
+        if args.skip_generation:
+            sequences, prompt_lengths, outputs = sample_once(model, tokenizer, max_tokens)
+        else:
+            sequences, prompt_lengths, outputs = bench_generation(name, model, tokenizer, args.device, max_tokens)
+            bench_grpo_sampling(name, model, tokenizer, args.device, args.max_tokens or 64)
         if not args.skip_training:
-            bench_training(name, model, tokenizer, args.device, sequences, prompt_lengths, outputs)
+            bench_training(name, model, tokenizer, args.device, sequences, prompt_lengths, outputs, args.lora_rank)
         del model
 
 
