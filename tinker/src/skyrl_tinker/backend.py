@@ -123,8 +123,8 @@ class Backend:
     def drop(self, model_id: str) -> None:
         adapter = self._adapters.pop(model_id, None)
         if adapter is not None:
+            self.peft.set_adapter(_PLACEHOLDER)  # peft warns when the active adapter is deleted
             self.peft.delete_adapter(adapter.name)
-            self.peft.set_adapter(_PLACEHOLDER)
 
     def _params(self, name: str) -> list[torch.nn.Parameter]:
         return [p for n, p in self.peft.named_parameters() if f".{name}." in n]

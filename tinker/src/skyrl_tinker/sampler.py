@@ -13,6 +13,7 @@ reproduces the logprobs returned with them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
@@ -71,8 +72,15 @@ class Sampler:
         self._ready.wait()
 
     def stop(self) -> None:
+        async def cancel() -> None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+        asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
+        self._loop.close()
         self.engine.close()
 
     def submit(self, job: SampleJob) -> None:
@@ -82,7 +90,7 @@ class Sampler:
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._queue = asyncio.Queue()
-        self._loop.create_task(self._consume())
+        self._task = self._loop.create_task(self._consume())
         self._ready.set()
         self._loop.run_forever()
 
