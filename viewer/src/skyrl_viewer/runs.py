@@ -25,9 +25,17 @@ class Lines:
     problems: list[str]
 
 
+_parsed: dict[Path, tuple[tuple[int, int], Lines]] = {}  # path -> ((mtime, size), lines): unchanged files parse once
+
+
 def read_jsonl(path: Path) -> Lines:
     """Every parseable object line of ``path``; a bad last line without its newline is a write in progress."""
     try:
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+        cached = _parsed.get(path)
+        if cached and cached[0] == version:
+            return Lines(list(cached[1].records), list(cached[1].problems))
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return Lines([], [f"{path.name} does not exist"])
@@ -51,7 +59,8 @@ def read_jsonl(path: Path) -> Lines:
             records.append(record)
         else:
             problems.append(f"{path.name}: line {number} is not a JSON object and was skipped")
-    return Lines(records, problems)
+    _parsed[path] = (version, Lines(records, problems))
+    return Lines(list(records), list(problems))
 
 
 class Run:

@@ -125,13 +125,30 @@ function allKeys() {
   return [...keys].sort();
 }
 
+const keyPanel = (k) => ({ id: k.replace(/\W+/g, "-"), title: k, keys: [k] });
+
+// Training panels (fixed, plus the ones added from the menu) and the env's own metrics (env/*).
 function panels() {
   const keys = allKeys();
   const present = (panel) => panel.always || panel.keys.some((k) => keys.includes(k));
-  const envPanels = keys.filter((k) => k.startsWith("env/") && !SHOWN_KEYS.has(k))
-    .map((k) => ({ id: k.replace(/\W+/g, "-"), title: k, keys: [k] }));
-  const extra = state.extra.map((k) => ({ id: k.replace(/\W+/g, "-"), title: k, keys: [k] }));
-  return PANELS.filter(present).concat(envPanels, extra);
+  return {
+    main: PANELS.filter(present).concat(state.extra.map(keyPanel)),
+    env: keys.filter((k) => k.startsWith("env/") && !SHOWN_KEYS.has(k)).map(keyPanel),
+  };
+}
+
+function drawPanels(box, wanted, lastStep) {
+  for (const div of [...box.children]) if (!wanted.some((p) => `chart-${p.id}` === div.id)) div.remove();
+  for (const panel of wanted) {
+    let div = $(`chart-${panel.id}`);
+    if (!div) box.append((div = el("div", { class: "chart", id: `chart-${panel.id}` })));
+    const layout = {
+      title: { text: panel.title, font: { size: 14 } }, margin: { l: 55, r: 15, t: 36, b: 30 },
+      hovermode: "x unified", xaxis: { dtick: lastStep <= 12 ? 1 : null },
+      showlegend: true, legend: { orientation: "h", y: -0.12 }, uirevision: panel.id,
+    };
+    Plotly.react(div, panelTraces(panel), layout, { displaylogo: false, responsive: true });
+  }
 }
 
 function renderMetrics() {
@@ -144,24 +161,18 @@ function renderMetrics() {
   if (!steps) {
     const why = state.problems.flat().join("; ") || "no metrics rows yet";
     box.replaceChildren(el("div", { class: "empty", id: "no-metrics" }, `No metrics to chart: ${why}`));
+    $("env-section").hidden = true;
     return;
   }
   box.querySelector(".empty")?.remove();
-  const wanted = panels();
-  for (const div of [...box.children]) if (!wanted.some((p) => `chart-${p.id}` === div.id)) div.remove();
-  for (const panel of wanted) {
-    let div = $(`chart-${panel.id}`);
-    if (!div) box.append((div = el("div", { class: "chart", id: `chart-${panel.id}` })));
-    const layout = {
-      title: { text: panel.title, font: { size: 14 } }, margin: { l: 55, r: 15, t: 36, b: 36 },
-      hovermode: "x unified", xaxis: { title: { text: "step" } }, legend: { orientation: "h", y: -0.2 },
-      uirevision: panel.id,
-    };
-    Plotly.react(div, panelTraces(panel), layout, { displaylogo: false, responsive: true });
-  }
-  const select = $("more-metrics");
-  const chosen = new Set(wanted.flatMap((p) => p.keys));
-  select.replaceChildren(el("option", { value: "", text: "metric…" }),
+  const { main, env } = panels();
+  const lastStep = Math.max(...state.rows.flat().map((r) => r.step));
+  drawPanels(box, main, lastStep);
+  $("env-section").hidden = !env.length;
+  $("env-count").textContent = `(${env.length})`;
+  if ($("env-section").open) drawPanels($("env-charts"), env, lastStep);  // plotly needs a visible box
+  const chosen = new Set(main.concat(env).flatMap((p) => p.keys));
+  $("more-metrics").replaceChildren(el("option", { value: "", text: "metric…" }),
     ...allKeys().filter((k) => !chosen.has(k)).map((k) => el("option", { value: k, text: k })));
 }
 
@@ -242,7 +253,7 @@ async function selectSample(id) {
 // ---- one trajectory -----------------------------------------------------------------------------
 
 const CALL = /\b(rlm_query_batched|rlm_query|llm_query_batched|llm_query)\s*\(/g;
-const FENCE = /```([\w+-]*)[^\n]*\n([\s\S]*?)(?:```|$)/g;
+const FENCE = /^[ \t]*```([\w+-]*)[^\n]*\n([\s\S]*?)(?:^[ \t]*```[ \t]*$|(?![\s\S]))/gm;  // an open block runs to the end
 const TAGS = /<(sql|solution|observation)>([\s\S]*?)<\/\1>/g;
 
 // Code with rlm_query call sites as links (when the trajectory has children to point at).
@@ -294,7 +305,8 @@ function conversation(record, onCall) {
     const text = typeof m.content === "string" ? m.content : JSON.stringify(m.content);
     // after the first user message, user/tool messages are the env's answers: REPL output, query results, shell output
     const observation = (role === "user" && users++ > 0) || role === "tool";
-    const body = observation && !/```|<observation>/.test(text) ? [el("pre", { class: "output", text })] : contentNodes(text, onCall);
+    const body = role === "assistant" || /<observation>/.test(text) ? contentNodes(text, role === "assistant" ? onCall : null)
+      : observation ? [el("pre", { class: "output", text })] : [el("div", { class: "text", text })];
     return el("div", { class: `msg ${role}${observation ? " observation" : ""}` },
       el("div", { class: "role", text: observation && role === "user" ? "user · env output" : role }), ...body);
   });
@@ -326,7 +338,8 @@ function tokenView(record) {
 
 function badges(s) {
   return [
-    ["reward", s.reward], ["advantage", s.advantage], ["stop", s.stop_reason], ["turn limit", s.truncated_reason],
+    ["reward", s.reward], ["advantage", s.advantage],
+    ["stop", s.truncated_reason ? `${s.stop_reason} (${s.truncated_reason})` : s.stop_reason],
     ["env", s.env_id], ["depth", s.depth], ["step", s.step], ["group", s.group_id], ["sample", s.sample_index],
   ].filter(([, v]) => v !== null && v !== undefined && v !== "")
     .map(([k, v]) => el("span", { class: "badge" }, `${k} ${fmt(v)}`))
@@ -345,13 +358,16 @@ function metricsTable(record) {
 
 async function renderDetail(box, id, onCall) {
   box.replaceChildren(el("p", { class: "hint", text: "loading…" }));
+  delete box.dataset.sampleId;
+  box.pending = id;  // a later click wins over an answer still on its way
   let record;
   try {
     record = (await api(sampleUrl(id))).sample;
   } catch (error) {
-    box.replaceChildren(el("div", { class: "empty", text: `Cannot show sample ${id}: ${error.message}` }));
+    if (box.pending === id) box.replaceChildren(el("div", { class: "empty", text: `Cannot show sample ${id}: ${error.message}` }));
     return;
   }
+  if (box.pending !== id) return;
   const s = record.summary;
   box.replaceChildren(
     el("h2", { text: s.title || id }), el("div", {}, ...badges(s)),
@@ -359,6 +375,7 @@ async function renderDetail(box, id, onCall) {
     ...metricsTable(record), el("h3", { text: "Conversation" }),
     el("div", { class: "conversation" }, ...conversation(record, onCall)),
     el("h3", { text: "Tokens" }), ...tokenView(record));
+  box.dataset.sampleId = id;
 }
 
 // ---- trees --------------------------------------------------------------------------------------
@@ -447,6 +464,7 @@ async function main() {
   $("step-select").addEventListener("change", (e) => { state.step = e.target.value === "null" ? null : Number(e.target.value); renderSamples(); });
   $("smoothing").addEventListener("input", (e) => { state.smoothing = Number(e.target.value); $("smoothing-value").textContent = e.target.value; renderMetrics(); });
   $("more-metrics").addEventListener("change", (e) => { if (e.target.value) state.extra.push(e.target.value); renderMetrics(); });
+  $("env-section").addEventListener("toggle", renderMetrics);
   window.addEventListener("hashchange", () => show(location.hash.slice(1)));
   await loadMetrics();
   showNotices();

@@ -1,0 +1,154 @@
+"""``skyrl view`` in headless Chromium, on folders of real tiny-random training runs and on broken folders.
+
+Each test saves a screenshot of the view it checks under the ``artifacts`` folder (see conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import SKYRL, jsonl
+from test_viewer_api import write_run
+
+REWARD_POINTS = """(run) => document.getElementById('chart-reward').data
+    .filter((t) => t.meta.kind === 'raw' && t.meta.run === run).map((t) => t.x.length)[0]"""
+CHART_READY = "() => { const d = document.getElementById('chart-reward'); return !!(d && d.data && d.data.length); }"
+
+
+def reward_points(page, run: int = 0) -> int:
+    page.wait_for_function(CHART_READY)
+    return page.evaluate(REWARD_POINTS, run)
+
+
+def test_bad_folders_show_clear_messages(tmp_path, serve, page, artifacts):
+    good = write_run(tmp_path / "good", steps=2)
+    truncated = write_run(tmp_path / "truncated", steps=3)
+    with open(truncated / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "reward/me')  # the trainer is mid-write
+    zero = tmp_path / "zero_steps"
+    zero.mkdir()
+    (zero / "metrics.jsonl").write_text("")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    viewer = serve(good, truncated, zero, empty, tmp_path / "missing")
+    page.goto(viewer.url)
+    assert reward_points(page, 0) == 2 and reward_points(page, 1) == 3
+    notices = page.locator("#notices").inner_text()
+    for expected in ("metrics.jsonl: the last line is incomplete (still being written?) and was skipped",
+                     "metrics.jsonl holds no steps yet", "no metrics.jsonl in", "missing does not exist"):
+        assert expected in notices
+    page.screenshot(path=str(artifacts / "bad-folders-metrics.png"), full_page=True)
+
+    viewer = serve(zero, empty, tmp_path / "missing")
+    page.goto(viewer.url)
+    page.wait_for_selector("#no-metrics")
+    assert "No metrics to chart: metrics.jsonl holds no steps yet" in page.locator("#no-metrics").inner_text()
+    page.goto(viewer.url + "#samples")
+    page.wait_for_selector("#no-samples")
+    assert "no samples.jsonl in" in page.locator("#no-samples").inner_text()
+    page.goto(viewer.url + "#trees")
+    page.wait_for_selector("#no-trees")
+    page.screenshot(path=str(artifacts / "bad-folders-trees.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_metrics_have_one_point_per_step_and_overlay_runs(trained_runs, serve, page, artifacts):
+    runs = [trained_runs["reverse_text"], trained_runs["rlm_tree"]]
+    viewer = serve(*runs)
+    page.goto(viewer.url)
+    for index, folder in enumerate(runs):
+        assert reward_points(page, index) == len(jsonl(folder / "metrics.jsonl")) == 2
+    legend = page.locator("#chart-reward g.legend").text_content()
+    assert "reverse_text" in legend and "rlm_tree" in legend
+    for chart in ("loss", "kl", "entropy", "grad-norm", "clip-fraction", "logprob-gap", "tokens", "step-time"):
+        assert page.locator(f"#chart-{chart} .main-svg").count(), chart
+    page.locator("#env-section summary").click()  # the env's own metrics (env/*), one chart each
+    page.wait_for_selector("#chart-env-tree_depth_reached .main-svg")
+    page.screenshot(path=str(artifacts / "metrics.png"), full_page=True)
+    page.locator("#smoothing").fill("0.5")  # smoothed line over the faint raw one
+    kinds = page.evaluate("() => document.getElementById('chart-reward').data.map((t) => t.meta.kind)")
+    assert kinds.count("smoothed") == 2 and kinds.count("raw") == 2
+
+
+@pytest.mark.slow
+def test_clicking_a_sample_shows_its_conversation_and_tokens(trained_runs, serve, page, artifacts):
+    folder = trained_runs["reverse_text"]
+    records = {r["id"]: r for r in jsonl(folder / "samples.jsonl")}
+    page.goto(serve(folder).url + "#samples")
+    items = page.locator("#sample-list li[data-sample-id]")
+    items.first.wait_for()
+    item = items.nth(1)
+    record = records[item.get_attribute("data-sample-id")]
+    item.click()
+    page.wait_for_selector(f"#sample-list li.selected[data-sample-id='{record['id']}']")
+    page.wait_for_selector(f"#sample-detail[data-sample-id='{record['id']}'] #tokens .tok")
+    conversation = page.locator("#sample-detail .conversation")
+    for message in record["messages"][:2]:  # system prompt and task: text the random model did not write
+        assert message["content"] in conversation.inner_text()
+    assert conversation.locator(".msg").count() == len(record["messages"])
+    assert page.locator("#tokens .tok").count() == len(record["response_ids"])
+    assert page.locator("#tokens .tok.masked").count() == record["loss_mask"].count(0)
+    first = page.locator("#tokens .tok").first.get_attribute("title")
+    assert f"logprob {record['logprobs'][0]:.3f}" in first
+    page.screenshot(path=str(artifacts / "samples.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_rlm_tree_shows_children_linked_from_call_sites(trained_runs, serve, page, artifacts):
+    folder = trained_runs["rlm_tree"]
+    records = jsonl(folder / "samples.jsonl")
+    root = records[0]
+    children = [r for r in records if r["parent_id"] == root["id"]]
+    grandchildren = [r for r in records if r["parent_id"] in {c["id"] for c in children}]
+    assert len(children) == 2 and len(grandchildren) == 2  # stored by the trainer with their parent links
+    page.goto(serve(folder).url + "#trees")
+    page.wait_for_selector(f".node[data-node-id='{root['id']}']")
+    assert page.locator(".node[data-depth='1']").count() == 2
+    assert page.locator(".node[data-depth='2']").count() == 2
+    tree = page.locator("#tree").inner_text()
+    assert "CHILD: first word?" in tree and "CHILD: last word?" in tree and "LEAF: a word?" in tree
+    page.locator("#tree-detail a.call-site").first.click()  # the root's rlm_query_batched call site
+    assert page.locator(".node.flash").count() == 2
+    child = children[0]
+    page.locator(f".node[data-node-id='{child['id']}']").click()
+    page.wait_for_selector(f"#tree-detail[data-sample-id='{child['id']}']")
+    assert page.locator("#tree-detail h2").inner_text() == "CHILD: first word?"
+    assert f"advantage {child['metrics']['advantage']:g}" in page.locator("#tree-detail").inner_text()
+    page.screenshot(path=str(artifacts / "trees.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_live_update_adds_a_point_when_a_metrics_line_is_written(trained_runs, tmp_path, serve, page, artifacts):
+    folder = Path(shutil.copytree(trained_runs["reverse_text"], tmp_path / "live", ignore=shutil.ignore_patterns("checkpoints", "export")))
+    page.goto(serve(folder).url)
+    assert reward_points(page) == 2
+    last = jsonl(folder / "metrics.jsonl")[-1]
+    with open(folder / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**last, "step": 3, "reward/mean": 0.5}) + "\n")
+    page.wait_for_function(f"() => ({REWARD_POINTS})(0) === 3", timeout=10_000)
+    page.screenshot(path=str(artifacts / "live-update.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_export_opens_from_disk_without_network(trained_runs, tmp_path, page, artifacts):
+    out = tmp_path / "export.html"
+    done = subprocess.run([str(SKYRL), "view", str(trained_runs["reverse_text"]), str(trained_runs["rlm_tree"]),
+                           "--export", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    requests: list[str] = []
+    page.context.route("**/*", lambda route: (requests.append(route.request.url),
+                                              route.continue_() if route.request.url.startswith(("file:", "data:"))
+                                              else route.abort()))
+    page.goto(out.as_uri())
+    assert reward_points(page, 0) == reward_points(page, 1) == 2
+    assert "exported snapshot" in page.locator("#status").inner_text()
+    assert all(url.startswith(("file:", "data:")) for url in requests), requests
+    page.screenshot(path=str(artifacts / "export-metrics.png"), full_page=True)
+    page.goto(out.as_uri() + "#trees")
+    page.locator("#run-select").select_option("1")
+    page.wait_for_selector(".node[data-depth='2']")
+    page.screenshot(path=str(artifacts / "export-trees.png"), full_page=True)
