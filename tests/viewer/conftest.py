@@ -95,7 +95,10 @@ def serve() -> Iterator[Callable[..., Viewer]]:
 
 
 def chromium_path() -> str | None:
-    return os.environ.get("SKYRL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    chosen = os.environ.get("SKYRL_CHROMIUM")
+    if chosen:
+        return chosen if Path(chosen).is_file() else None
+    return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _no_browser(reason: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SKYRL, jsonl
-from test_viewer_api import write_run
+from test_viewer_api import CHILD, SAMPLE, write_run
 
 REWARD_POINTS = """(run) => document.getElementById('chart-reward').data
     .filter((t) => t.meta.kind === 'raw' && t.meta.run === run).map((t) => t.x.length)[0]"""
@@ -152,3 +152,35 @@ def test_export_opens_from_disk_without_network(trained_runs, tmp_path, page, ar
     page.locator("#run-select").select_option("1")
     page.wait_for_selector(".node[data-depth='2']")
     page.screenshot(path=str(artifacts / "export-trees.png"), full_page=True)
+
+
+def test_env_aware_rendering_and_budget_stops(tmp_path, serve, page, artifacts):
+    sql = {**SAMPLE, "id": "sql1"}
+    repl_root = {**SAMPLE, "id": "rlm1", "env_id": "rlm_repl", "messages": [
+        {"role": "user", "content": "Find the answer."},
+        {"role": "assistant", "content": "Let me ask.\n```repl\nx = rlm_query('CHILD: look')\nprint(x)\n```"},
+        {"role": "user", "content": "Error: rlm_query refused: max_sub_calls=0 sub-calls per rollout are used up."}],
+        "turns": [{"action": "...", "observation": [
+            {"role": "user", "content": "Error: rlm_query refused: max_sub_calls=0 sub-calls per rollout are used up."}]}]}
+    child = {**CHILD, "id": "rlmc", "parent_id": "rlm1", "env_id": "rlm_repl"}
+    shell = {**SAMPLE, "id": "sh1", "env_id": "harbor_terminal", "messages": [
+        {"role": "user", "content": "List files."}, {"role": "assistant", "content": "```bash\nls /app\n```\n<done/>"},
+        {"role": "user", "content": "$ ls /app\nmain.py"}]}
+    viewer = serve(write_run(tmp_path / "run", samples=[sql, repl_root, child, shell]))
+    page.goto(viewer.url + "#samples")
+    page.locator("#sample-list li[data-sample-id='sql1']").click()
+    page.wait_for_selector("#sample-detail[data-sample-id='sql1']")
+    assert page.locator("#sample-detail pre.lang-sql").inner_text() == "sql\nSELECT COUNT(*) FROM t"
+    assert "count\n    3" in page.locator("#sample-detail pre.output").inner_text()  # the result table, aligned
+    page.screenshot(path=str(artifacts / "sql-sample.png"), full_page=True)
+    page.locator("#sample-list li[data-sample-id='sh1']").click()
+    page.wait_for_selector("#sample-detail[data-sample-id='sh1']")
+    assert page.locator("#sample-detail pre.lang-bash").inner_text() == "bash\nls /app"
+    assert page.locator("#sample-detail pre.output").inner_text() == "$ ls /app\nmain.py"
+    page.goto(viewer.url + "#trees")
+    page.wait_for_selector("#tree-detail[data-sample-id='rlm1']")
+    assert "budget stop: 1 refused" in page.locator(".node[data-node-id='rlm1']").inner_text()
+    assert "budget: 1 sub-call(s) refused" in page.locator("#tree-detail").inner_text()
+    assert page.locator("#tree-detail pre.lang-repl a.call-site").inner_text() == "rlm_query("
+    assert page.locator(".node[data-depth='1']").inner_text() == (
+        "depth 1 · reward 0.5 · adv 0.7 · terminated\nprompt: CHILD: sub-question\n→ 3")

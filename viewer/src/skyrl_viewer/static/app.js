@@ -52,7 +52,7 @@ function el(tag, attrs, ...children) {
 }
 
 const $ = (id) => document.getElementById(id);
-const fmt = (v) => (typeof v === "number" ? (Math.abs(v) >= 1000 || v === Math.round(v) ? String(Math.round(v * 1000) / 1000) : v.toPrecision(4)) : String(v));
+const fmt = (v) => (typeof v === "number" ? String(Math.abs(v) >= 1000 ? Math.round(v) : Number(v.toPrecision(4))) : String(v));
 const sampleUrl = (id) => `/api/runs/${state.run}/samples/${encodeURIComponent(id)}`;
 
 function setStatus(text) { $("status").textContent = text; }
@@ -276,7 +276,7 @@ function contentNodes(text, onCall) {
   const nodes = [];
   let last = 0;
   const parts = [];
-  for (const m of text.matchAll(FENCE)) parts.push({ index: m.index, end: m.index + m[0].length, node: codeNode(m[2], m[1], onCall) });
+  for (const m of text.matchAll(FENCE)) parts.push({ index: m.index, end: m.index + m[0].length, node: codeNode(m[2].replace(/\n$/, ""), m[1], onCall) });
   for (const m of text.matchAll(TAGS)) {
     if (parts.some((p) => m.index >= p.index && m.index < p.end)) continue;
     const node = m[1] === "observation" ? el("pre", { class: "output" }, el("span", { class: "label", text: "result" }), m[2].trim())
