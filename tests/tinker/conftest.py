@@ -2,47 +2,26 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from skyrl_tinker.local import LocalServer as _LocalServer
 
 pytest.importorskip("tinker")
 
 
-class LocalServer:
-    """Starts the app on a free port; ``service`` is the live server object, for white-box checks."""
+class LocalServer(_LocalServer):
+    """The in-process server on tiny-random with its checkpoints under ``checkpoint_dir``."""
 
     def __init__(self, checkpoint_dir: Path, **config: object) -> None:
-        import uvicorn
-        from skyrl_tinker.app import ServerConfig, create_app
+        from skyrl_tinker.app import ServerConfig
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.config = ServerConfig(base_model="tiny-random", checkpoint_dir=str(checkpoint_dir), **config)
-        self.app = create_app(self.config)
-        self.service = self.app.state.service
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 60
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("skyrl-tinker server did not start")
-            time.sleep(0.02)
+        super().__init__(ServerConfig(base_model="tiny-random", checkpoint_dir=str(checkpoint_dir), **config))
 
     def client(self):
         import tinker
 
         return tinker.ServiceClient(base_url=self.url, api_key="tml-skyrl-test")
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import LocalServer
 
+import tinker
 from tinker import types
 
 PROMPT = [5, 17, 42, 99, 7]
@@ -24,7 +25,7 @@ def _train(client, steps: int = 3) -> None:
 def test_sampled_logprobs_equal_compute_logprobs(service_client):
     client = service_client.create_lora_training_client(base_model="tiny-random", rank=4, seed=0).result()
     _train(client)
-    sampler = client.save_weights_and_get_sampling_client()
+    sampler = client.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=7)
     result = sampler.sample(types.ModelInput.from_ints(PROMPT), 3, params).result()
     assert len(result.sequences) == 3
@@ -49,7 +50,7 @@ def test_sampled_logprobs_equal_compute_logprobs(service_client):
 
 def test_stop_token_ends_the_sample(service_client):
     client = service_client.create_lora_training_client(base_model="tiny-random", rank=4, seed=0).result()
-    sampler = client.save_weights_and_get_sampling_client()
+    sampler = client.save_weights_and_get_sampling_client().result()
     free = sampler.sample(types.ModelInput.from_ints(PROMPT), 1,
                           types.SamplingParams(max_tokens=8, seed=3)).result().sequences[0]
     stop_at = free.tokens[2]
@@ -60,7 +61,7 @@ def test_stop_token_ends_the_sample(service_client):
 
 
 def test_base_model_sampling_client(service_client):
-    sampler = service_client.create_sampling_client(base_model="tiny-random")
+    sampler = service_client.create_sampling_client(base_model="tiny-random").result()
     out = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=4, seed=0)).result()
     assert len(out.sequences[0].tokens) == 4
 
@@ -85,9 +86,10 @@ def test_checkpoints_survive_a_restart(tmp_path):
     second = LocalServer(tmp_path)
     try:
         service = second.client()
-        listed = service.create_rest_client().list_checkpoints(run_id).result().checkpoints
+        rest = tinker.RestClient(base_url=second.url, api_key="tml-skyrl-test")
+        listed = rest.list_checkpoints(run_id).result().checkpoints
         assert {c.tinker_path for c in listed} == {state_path, sampler_path}
-        after = service.create_sampling_client(model_path=sampler_path).sample(
+        after = service.create_sampling_client(model_path=sampler_path).result().sample(
             types.ModelInput.from_ints(PROMPT), 2, params).result()
         assert [s.tokens for s in after.sequences] == [s.tokens for s in before.sequences]
         for a, b in zip(after.sequences, before.sequences, strict=True):

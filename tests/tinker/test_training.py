@@ -154,7 +154,7 @@ def test_two_clients_train_separate_adapters(server, service_client):
     # each sampler samples its own weights: same prompt and seed, different adapters, different logprobs
     prompt = types.ModelInput.from_ints([5, 6, 7, 8])
     params = types.SamplingParams(max_tokens=4, seed=0, temperature=1.0)
-    sa = a.save_weights_and_get_sampling_client().sample(prompt, 1, params).result().sequences[0]
-    sb = b.save_weights_and_get_sampling_client().sample(prompt, 1, params).result().sequences[0]
+    sa = a.save_weights_and_get_sampling_client().result().sample(prompt, 1, params).result().sequences[0]
+    sb = b.save_weights_and_get_sampling_client().result().sample(prompt, 1, params).result().sequences[0]
     assert sa.logprobs != sb.logprobs
     other.close("success")

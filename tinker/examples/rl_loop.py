@@ -1,0 +1,96 @@
+"""GRPO through the Tinker client: sample -> reward -> group-relative advantages -> importance_sampling.
+
+The task is one ``tiny-random`` can learn in a few dozen steps: every completion is rewarded by the
+share of its tokens that contain the letter ``a``. Each step the current weights are saved for
+sampling, ``--group`` completions are drawn per prompt, each completion's advantage is its reward
+minus its group's mean (over the group's std), and one ``forward_backward`` with the
+``importance_sampling`` loss (sampler logprobs as the reference) plus one ``optim_step`` follows.
+
+    python tinker/examples/rl_loop.py                      # starts a server in this process
+    python tinker/examples/rl_loop.py --base-url http://127.0.0.1:8000   # or use a running one
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import tinker
+from tinker import types
+
+PROMPTS = ["Say something:", "Write a word.", "Go on", "Tell me", "Reply:", "Next", "Hello", "Start here"]
+
+
+def reward(tokenizer, tokens: list[int]) -> float:
+    """Share of the completion's tokens whose text contains an ``a``."""
+    if not tokens:
+        return 0.0
+    return sum("a" in tokenizer.decode([t]) for t in tokens) / len(tokens)
+
+
+def train(service: tinker.ServiceClient, base_model: str, steps: int, group: int, max_tokens: int,
+          lr: float, seed: int = 0) -> list[float]:
+    client = service.create_lora_training_client(base_model=base_model, rank=8, seed=seed).result()
+    tokenizer = client.get_tokenizer()
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                              add_generation_prompt=True), add_special_tokens=False)
+               for p in PROMPTS]
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
+    history = []
+    for step in range(steps):
+        sampler = client.save_weights_and_get_sampling_client().result()
+        results = [sampler.sample(types.ModelInput.from_ints(p), group, params) for p in prompts]
+        data, rewards = [], []
+        for prompt, result in zip(prompts, results, strict=True):
+            sequences = result.result().sequences
+            scores = [reward(tokenizer, list(s.tokens)) for s in sequences]
+            rewards += scores
+            mean, std = statistics.fmean(scores), statistics.pstdev(scores)
+            for seq, score in zip(sequences, scores, strict=True):
+                advantage = (score - mean) / (std + 1e-6)
+                if not seq.tokens or advantage == 0:
+                    continue
+                tokens = prompt + list(seq.tokens)
+                n_prompt = len(prompt) - 1
+                data.append(types.Datum(
+                    model_input=types.ModelInput.from_ints(tokens[:-1]),
+                    loss_fn_inputs={"target_tokens": tokens[1:],
+                                    "logprobs": [0.0] * n_prompt + list(seq.logprobs),
+                                    "advantages": [0.0] * n_prompt + [advantage] * len(seq.tokens)}))
+        if data:
+            client.forward_backward(data, "importance_sampling")
+            client.optim_step(types.AdamParams(learning_rate=lr)).result()
+        history.append(statistics.fmean(rewards))
+        print(f"step {step:3d}  reward {history[-1]:.3f}  datums {len(data)}", flush=True)
+    return history
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", help="a running skyrl-tinker server; default: start one in this process")
+    parser.add_argument("--base-model", default="tiny-random")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-2)
+    args = parser.parse_args()
+    server = None
+    if args.base_url is None:
+        from skyrl_tinker.app import ServerConfig
+        from skyrl_tinker.local import LocalServer
+
+        server = LocalServer(ServerConfig(base_model=args.base_model))
+        args.base_url = server.url
+    service = tinker.ServiceClient(base_url=args.base_url, api_key="tml-local")
+    try:
+        history = train(service, args.base_model, args.steps, args.group, args.max_tokens, args.lr)
+        first, last = statistics.fmean(history[:5]), statistics.fmean(history[-5:])
+        print(f"reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
+    finally:
+        service.close("success")
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
