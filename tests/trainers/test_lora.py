@@ -209,12 +209,14 @@ def test_a_sharded_lora_policy_trains_like_one_rank_and_its_checkpoint_loads_on_
         group.call("train_step", per_rank=plan(1, world_size=2))
         sharded = group.call("full_state_dict")[0]
         group.call("save_checkpoint", str(tmp_path))
+        group.call("export", str(tmp_path / "export"))
     finally:
         group.close()
     single = LocalWorkerGroup(lora_spec())
     try:
         single.call("train_step", per_rank=plan(1))
         expected = single.call("full_state_dict")[0]
+        expected_logits = logits(single.worker.policy)
     finally:
         single.close()
     resumed = LocalWorkerGroup(lora_spec())
@@ -227,6 +229,10 @@ def test_a_sharded_lora_policy_trains_like_one_rank_and_its_checkpoint_loads_on_
     for key, value in expected.items():
         assert torch.allclose(sharded[key], value, atol=1e-6), key
         assert torch.equal(loaded[key], sharded[key]), key
+    from peft import PeftModel
+
+    adapter = PeftModel.from_pretrained(build_tiny_random()[0], tmp_path / "export" / LORA_ADAPTER_FOLDER)
+    assert torch.allclose(logits(adapter), expected_logits, atol=1e-5)
 
 
 def test_a_lora_run_trains_resumes_and_exports(run_config, extra_envs):
