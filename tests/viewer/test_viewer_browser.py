@@ -69,6 +69,8 @@ def test_metrics_have_one_point_per_step_and_overlay_runs(trained_runs, serve, p
     page.locator("#env-section summary").click()  # the env's own metrics (env/*), one chart each
     page.wait_for_selector("#chart-env-tree_depth_reached .main-svg")
     page.screenshot(path=str(artifacts / "metrics.png"), full_page=True)
+    page.locator("#more-metrics").select_option("rollout/turns_mean")  # any logged number gets a chart
+    page.wait_for_selector("#chart-rollout-turns_mean .main-svg")
     page.locator("#smoothing").fill("0.5")  # smoothed line over the faint raw one
     kinds = page.evaluate("() => document.getElementById('chart-reward').data.map((t) => t.meta.kind)")
     assert kinds.count("smoothed") == 2 and kinds.count("raw") == 2

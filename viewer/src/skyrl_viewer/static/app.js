@@ -21,7 +21,7 @@ const SHOWN_KEYS = new Set(PANELS.flatMap((p) => p.keys.concat(p.band ? [p.band]
 
 const state = {
   runs: [], rows: [], problems: [], view: "metrics", run: 0, smoothing: 0, extra: [],
-  samples: null, step: null, selected: null, treeRoot: null,
+  samples: null, ids: new Set(), kids: new Map(), step: null, selected: null, treeRoot: null,
 };
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -202,6 +202,10 @@ async function poll() {
   if (changed) {
     showNotices();
     renderMetrics();
+    if (state.view === "samples") {  // new steps' samples join the list; the open one stays
+      await loadSamples();
+      renderSamples();
+    }
   }
   setStatus(`live · ${new Date().toLocaleTimeString()}`);
 }
@@ -214,11 +218,16 @@ async function loadSamples() {
   } catch (error) {
     state.samples = { samples: [], problems: [String(error.message)] };
   }
+  state.ids = new Set(state.samples.samples.map((s) => s.id));
+  state.kids = new Map();
+  for (const s of state.samples.samples) {
+    if (state.ids.has(s.parent_id)) state.kids.set(s.parent_id, [...(state.kids.get(s.parent_id) || []), s]);
+  }
 }
 
-function childrenOf(id) { return state.samples.samples.filter((s) => s.parent_id === id); }
+function childrenOf(id) { return state.kids.get(id) || []; }
 
-function isRoot(s) { return s.parent_id === null || s.parent_id === undefined || !state.samples.samples.some((o) => o.id === s.parent_id); }
+function isRoot(s) { return !state.ids.has(s.parent_id); }
 
 function summaryLine(s) {
   const kids = childrenOf(s.id).length;
