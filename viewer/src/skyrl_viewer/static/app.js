@@ -31,7 +31,7 @@ async function api(path) {
     if (!(path.split("?")[0] in EXPORT)) throw new Error(`this export does not hold ${path}`);
     return EXPORT[path.split("?")[0]];
   }
-  const response = await fetch(path, { cache: "no-store" });
+  const response = await fetch(`.${path}`, { cache: "no-store" });  // relative: works behind a path prefix
   const body = await response.json().catch(() => ({ error: `HTTP ${response.status} from ${path}` }));
   if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
   return body;
@@ -41,7 +41,7 @@ function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
-    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    if (typeof value === "function") node.addEventListener(key.replace(/^on/, ""), value);
     else if (key === "text") node.textContent = value;
     else node.setAttribute(key, value === true ? "" : value);
   }
@@ -105,12 +105,12 @@ function panelTraces(panel) {
       const line = { color, dash: ["solid", "dot", "dash"][k % 3] };
       if (state.smoothing) {
         traces.push({ x, y, name, mode: "lines", line: { ...line, width: 1 }, opacity: 0.3, showlegend: false,
-          hovertemplate: `raw %{y:.4g}<extra>${name}</extra>`, meta: { run, key, kind: "raw" } });
+          hovertemplate: "raw %{y:.4g}<extra>%{fullData.name}</extra>", meta: { run, key, kind: "raw" } });
         traces.push({ x, y: smooth(y, state.smoothing), name, mode: "lines", line,
-          hovertemplate: `%{y:.4g}<extra>${name}</extra>`, meta: { run, key, kind: "smoothed" } });
+          hovertemplate: "%{y:.4g}<extra>%{fullData.name}</extra>", meta: { run, key, kind: "smoothed" } });
       } else {
         traces.push({ x, y, name, mode: "lines+markers", line, marker: { size: 5 },
-          hovertemplate: `%{y:.4g}<extra>${name}</extra>`, meta: { run, key, kind: "raw" } });
+          hovertemplate: "%{y:.4g}<extra>%{fullData.name}</extra>", meta: { run, key, kind: "raw" } });
       }
     });
   });
