@@ -236,7 +236,10 @@ def test_a_sharded_lora_policy_trains_like_one_rank_and_its_checkpoint_loads_on_
 
 
 def test_a_lora_run_trains_resumes_and_exports(run_config, extra_envs):
-    trainer = {"lora": {"rank": 8, "alpha": 16}, "kl_coef": 0.01, "checkpoint_every": 1, "lr": 5e-3}
+    # an in-process hf engine shares the trainer's weights (through the merged view); activation
+    # checkpointing works with a frozen embedding (whose output needs no gradient)
+    trainer = {"lora": {"rank": 8, "alpha": 16}, "kl_coef": 0.01, "checkpoint_every": 1, "lr": 5e-3,
+               "gradient_checkpointing": True}
     cfg = run_config(env="letter_e", trainer={**trainer, "steps": 2})
     FSDPGRPOTrainer(cfg).fit()
     run_dir = Path(cfg.run.output_dir)
@@ -250,6 +253,17 @@ def test_a_lora_run_trains_resumes_and_exports(run_config, extra_envs):
     assert torch.equal(exported["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])
     assert not torch.equal(exported[ADAPTED], initial[ADAPTED])
     assert (run_dir / "export" / LORA_ADAPTER_FOLDER / "adapter_config.json").is_file()
+    assert all(r["train/grad_norm"] > 0 for r in records[1:])
+
+
+def test_a_lora_run_off_sync_sends_merged_weights_to_its_own_engine(run_config, extra_envs):
+    cfg = run_config(env="letter_e", trainer={"lora": {"rank": 4}, "mode": "one_step_off", "steps": 3, "lr": 5e-3,
+                                              "off_policy": {"tis": "token"}, "export": False})
+    FSDPGRPOTrainer(cfg).fit()
+    records = read_metrics(cfg.run.output_dir)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # step 1 trains on samples from the initial weights, which equal base + (B = 0): no gap
+    assert records[0]["train/logprob_gap_mean"] < 1e-3
 
 
 @pytest.mark.slow
