@@ -127,6 +127,14 @@ def test_checkpoints_hold_only_the_adapters_and_resume_exactly(tmp_path):
     assert again["lr_sum"] == second["lr_sum"]
     for key, value in expected.items():
         assert torch.equal(actual[key], value), key
+    for other in (FSDPGRPOConfig(model="tiny-random", device="cpu"), lora_spec(alpha=32).config):
+        group = LocalWorkerGroup(WorkerSpec(other))
+        try:
+            with pytest.raises(ConfigError, match=r"trained with trainer\.lora rank=4, alpha=16\.0, "
+                                                  r"target_modules='all-linear', but this run has"):
+                group.call("load_checkpoint", str(tmp_path))
+        finally:
+            group.close()
 
 
 def test_merged_weights_are_peft_merge_under_the_plain_names(trained):

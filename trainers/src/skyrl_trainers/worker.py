@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from skyrl_core.factory import ConfigError
 
 from skyrl_trainers.batching import MiniBatchPlan
 from skyrl_trainers.config import FSDPGRPOConfig
@@ -246,13 +247,22 @@ class TrainWorker:
 
         model_state, optim_state = self._checkpoint_state()
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(Path(folder) / "shards"))
-        torch.save({"scheduler": self.scheduler.state_dict(), "rng": rng_state()},
+        torch.save({"scheduler": self.scheduler.state_dict(), "rng": rng_state(), "lora": self._lora_shape()},
                    Path(folder) / f"worker_rank{self.rank}.pt")
 
     def load_checkpoint(self, folder: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+        extra_path = Path(folder) / f"worker_rank{self.rank}.pt"
+        if not extra_path.exists():
+            extra_path = Path(folder) / "worker_rank0.pt"  # resumed with more ranks than were saved
+        extra = torch.load(extra_path, weights_only=False)
+        saved = extra.get("lora", {"rank": 0})  # checkpoints from before LoRA trained every weight
+        if saved != self._lora_shape():
+            raise ConfigError(f"checkpoint {folder} was trained with trainer.lora {_describe_lora(saved)}, "
+                              f"but this run has {_describe_lora(self._lora_shape())}; resume with the same "
+                              "trainer.lora.rank, alpha and target_modules")
         model_state, optim_state = self._checkpoint_state()
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(Path(folder) / "shards"))
@@ -260,12 +270,13 @@ class TrainWorker:
         set_state_dict(self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=StateDictOptions(strict=not self.lora))
         self._refresh_merged_view()
-        extra_path = Path(folder) / f"worker_rank{self.rank}.pt"
-        if not extra_path.exists():
-            extra_path = Path(folder) / "worker_rank0.pt"  # resumed with more ranks than were saved
-        extra = torch.load(extra_path, weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         set_rng_state(extra["rng"])
+
+    def _lora_shape(self) -> dict[str, Any]:
+        """What a checkpoint's model part depends on: the adapters' shapes and scale (dropout does not matter)."""
+        lora = self.cfg.lora
+        return {"rank": lora.rank, "alpha": lora.alpha, "target_modules": lora.target_modules} if self.lora else {"rank": 0}
 
     def _checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Model and optimizer state to checkpoint: every parameter, or (LoRA) the trainable ones only.
@@ -283,6 +294,12 @@ class TrainWorker:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _describe_lora(shape: dict[str, Any]) -> str:
+    if not shape["rank"]:
+        return "off (full fine-tuning)"
+    return ", ".join(f"{key}={value!r}" for key, value in shape.items())
 
 
 def accumulate(totals: dict[str, float], values: dict[str, float]) -> None:
