@@ -107,6 +107,9 @@ def test_rlm_tree_shows_children_linked_from_call_sites(trained_runs, serve, pag
     children = [r for r in records if r["parent_id"] == root["id"]]
     grandchildren = [r for r in records if r["parent_id"] in {c["id"] for c in children}]
     assert len(children) == 2 and len(grandchildren) == 2  # stored by the trainer with their parent links
+    roots = [r for r in records if r["parent_id"] is None]
+    assert [r["metrics"]["train_step"] for r in roots] == [1.0, 2.0]  # trainer.samples_per_step=1 root a step
+    assert all("advantage" in r["metrics"] for r in records)
     page.goto(serve(folder).url + "#trees")
     page.wait_for_selector(f".node[data-node-id='{root['id']}']")
     assert page.locator(".node[data-depth='1']").count() == 2
