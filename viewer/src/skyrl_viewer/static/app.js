@@ -323,6 +323,7 @@ function conversation(record, onCall) {
 
 function tokenView(record) {
   const ids = record.response_ids || [], mask = record.loss_mask || [], logprobs = record.logprobs || [];
+  const versions = record.policy_versions || [];
   const text = record.token_text || {};
   const spans = ids.map((id, i) => {
     const label = text.response ? text.response[i] : `[${id}]`;
@@ -330,7 +331,8 @@ function tokenView(record) {
     if (!mask[i]) return el("span", { class: "tok masked", title: `id ${id} · loss mask 0 (env tokens, not trained)`, text: shown });
     const lp = logprobs[i] ?? 0, p = Math.exp(lp);
     return el("span", { class: "tok", style: `background:hsl(${Math.round(120 * p)},75%,82%)`,
-      title: `id ${id} · logprob ${lp.toFixed(3)} · p ${p.toFixed(3)} · loss mask 1`, text: shown });
+      title: `id ${id} · logprob ${lp.toFixed(3)} · p ${p.toFixed(3)} · loss mask 1`
+        + (versions[i] >= 0 ? ` · policy version ${versions[i]}` : ""), text: shown });
   });
   const prompt = record.prompt_ids || [];
   const promptText = text.prompt ? text.prompt.join("") : prompt.join(" ");
