@@ -20,15 +20,13 @@ _lock = threading.Lock()
 
 def _load(model: str) -> Any:
     try:
-        from skyrl_trainers.models import load_tokenizer
-    except ImportError:
-        load_tokenizer = None
-    try:
-        if load_tokenizer is not None:
-            return load_tokenizer(model)
-        from transformers import AutoTokenizer
+        try:
+            from skyrl_trainers.models import load_tokenizer
+        except ImportError:
+            from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(model, local_files_only=True)
+            return AutoTokenizer.from_pretrained(model, local_files_only=True)
+        return load_tokenizer(model)
     except Exception as exc:  # any loader failure means "show ids": the viewer must not break on it
         log.warning("token view without text: no tokenizer for %r (%s)", model, exc)
         return None
