@@ -3,8 +3,9 @@
 The engine holds one plain copy of the base model. A sampler's weights are a set of LoRA deltas
 (``scale * B @ A`` per adapted linear, taken when the sampler was saved); before a group of requests
 for one sampler runs, the engine's linears are set to ``base + delta`` through
-``HFEngine.update_weights`` (skipped when that sampler is already loaded). Requests are taken in
-rounds, grouped by sampler, and each group's requests decode together in the engine's batcher.
+``HFEngine.update_weights`` (skipped when that sampler is already loaded). Requests for the loaded
+sampler start at once and decode together in the engine's batcher; a request for another sampler
+waits until those in flight are done, then the weights are swapped.
 Logprobs are the model's raw log-softmax (``logprobs_mode="raw"``) whatever the temperature, the
 same quantity :meth:`Sampler.prompt_logprobs` computes, so ``compute_logprobs`` on sampled tokens
 reproduces the logprobs returned with them.
@@ -95,37 +96,40 @@ class Sampler:
         self._loop.run_forever()
 
     async def _consume(self) -> None:
+        """Start each request as it arrives; a request for other weights first waits for the requests
+        in flight to finish, then swaps the weights (so no sample ever mixes two samplers' weights)."""
         assert self._queue is not None
+        in_flight: set[asyncio.Task[None]] = set()
         while True:
-            jobs = [await self._queue.get()]
-            while not self._queue.empty():
-                jobs.append(self._queue.get_nowait())
-            groups: dict[str, list[SampleJob]] = {}
-            for job in jobs:
-                groups.setdefault(job.weights.key, []).append(job)
-            for group in groups.values():
+            job = await self._queue.get()
+            if job.weights.key != self._loaded_key:
+                if in_flight:
+                    await asyncio.wait(set(in_flight))
                 try:
-                    await self._run_group(group)
-                except Exception as exc:  # a broken group must not stop sampling for everyone
-                    log.exception("sampling failed")
-                    for job in group:
-                        if not job.future.done:
-                            self.futures.fail(job.future, f"internal error: {type(exc).__name__}: {exc}", "server")
+                    await self._load(job.weights)
+                except Exception as exc:  # a broken weight set fails its request, not the sampler
+                    log.exception("loading sampler weights failed")
+                    self.futures.fail(job.future, f"internal error: {type(exc).__name__}: {exc}", "server")
+                    continue
+            task = asyncio.create_task(self._run_job(job))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
 
-    async def _run_group(self, group: list[SampleJob]) -> None:
-        await self._load(group[0].weights)
-        outputs = await asyncio.gather(*(self._generate(job) for job in group), return_exceptions=True)
-        for job, result in zip(group, outputs, strict=True):
-            if isinstance(result, BaseException):
-                self.futures.fail(job.future, str(result), "user" if isinstance(result, ValueError) else "server")
-                continue
+    async def _run_job(self, job: SampleJob) -> None:
+        try:
+            sequences = await self._generate(job)
             prompt_lp = None
             if job.prompt_logprobs:
-                prompt_lp = self.prompt_logprobs(job.prompt)
+                prompt_lp = await asyncio.to_thread(self.prompt_logprobs, job.prompt)
                 if job.prompt_logprobs_last_n is not None:
                     keep = len(prompt_lp) - job.prompt_logprobs_last_n
                     prompt_lp[:keep] = [math.nan] * keep
-            self.futures.finish(job.future, encode_sample_response(result, prompt_lp))
+            self.futures.finish(job.future, encode_sample_response(sequences, prompt_lp))
+        except ValueError as exc:
+            self.futures.fail(job.future, str(exc), "user")
+        except Exception as exc:  # reported to the client; the sampler goes on
+            log.exception("sampling failed")
+            self.futures.fail(job.future, f"internal error: {type(exc).__name__}: {exc}", "server")
 
     async def _generate(self, job: SampleJob) -> list[tuple[str, list[int], list[float]]]:
         calls = []
