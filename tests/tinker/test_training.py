@@ -158,3 +158,25 @@ def test_two_clients_train_separate_adapters(server, service_client):
     sb = b.save_weights_and_get_sampling_client().result().sample(prompt, 1, params).result().sequences[0]
     assert sa.logprobs != sb.logprobs
     other.close("success")
+
+
+def test_client_side_custom_loss(server, service_client):
+    """forward_backward_custom runs the loss in the client (forward, then a weighted cross_entropy
+    backward); a custom loss equal to cross_entropy gives cross_entropy's gradients."""
+    client = service_client.create_lora_training_client(base_model="tiny-random", rank=RANK, seed=6).result()
+    data = _datums("cross_entropy", seed=12)
+    client.forward_backward(_datums("cross_entropy", seed=9), "cross_entropy").result()
+    client.optim_step(types.AdamParams(learning_rate=0.05)).result()
+    client.forward_backward(data, "cross_entropy").result()
+    expected = server.service.worker.call(lambda b: b.gradients(client.model_id))
+    client.optim_step(types.AdamParams(learning_rate=0.0)).result()
+
+    def nll(batch, logprobs):
+        loss = sum(-(lp * torch.tensor(d.loss_fn_inputs["weights"].data)).sum() for d, lp in zip(batch, logprobs, strict=True))
+        return loss, {}
+
+    out = client.forward_backward_custom(data, nll).result()
+    assert out.metrics["loss:sum"] > 0
+    got = server.service.worker.call(lambda b: b.gradients(client.model_id))
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-5 * max(float(grad.abs().max()), 1.0))
