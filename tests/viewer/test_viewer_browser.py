@@ -163,15 +163,17 @@ def test_env_aware_rendering_and_budget_stops(tmp_path, serve, page, artifacts):
     sql = {**SAMPLE, "id": "sql1"}
     repl_root = {**SAMPLE, "id": "rlm1", "env_id": "rlm_repl", "messages": [
         {"role": "user", "content": "Find the answer."},
-        {"role": "assistant", "content": "Let me ask.\n```repl\nx = rlm_query('CHILD: look')\nprint(x)\n```"},
+        {"role": "assistant", "content": "Let me ask.\n```repl\nx = rlm_query('CHILD: sub-question')\n"
+                                         "y = rlm_query('CHILD: other')\nprint(x, y)\n```"},
         {"role": "user", "content": "Error: rlm_query refused: max_sub_calls=0 sub-calls per rollout are used up."}],
         "turns": [{"action": "...", "observation": [
             {"role": "user", "content": "Error: rlm_query refused: max_sub_calls=0 sub-calls per rollout are used up."}]}]}
     child = {**CHILD, "id": "rlmc", "parent_id": "rlm1", "env_id": "rlm_repl"}
+    other = {**child, "id": "rlmd", "task": {"prompt": "CHILD: other"}}
     shell = {**SAMPLE, "id": "sh1", "env_id": "harbor_terminal", "messages": [
         {"role": "user", "content": "List files."}, {"role": "assistant", "content": "```bash\nls /app\n```\n<done/>"},
         {"role": "user", "content": "$ ls /app\nmain.py"}]}
-    viewer = serve(write_run(tmp_path / "run", samples=[sql, repl_root, child, shell]))
+    viewer = serve(write_run(tmp_path / "run", samples=[sql, repl_root, child, other, shell]))
     page.goto(viewer.url + "#samples")
     page.locator("#sample-list li[data-sample-id='sql1']").click()
     page.wait_for_selector("#sample-detail[data-sample-id='sql1']")
@@ -186,6 +188,9 @@ def test_env_aware_rendering_and_budget_stops(tmp_path, serve, page, artifacts):
     page.wait_for_selector("#tree-detail[data-sample-id='rlm1']")
     assert "budget stop: 1 refused" in page.locator(".node[data-node-id='rlm1']").inner_text()
     assert "budget: 1 sub-call(s) refused" in page.locator("#tree-detail").inner_text()
-    assert page.locator("#tree-detail pre.lang-repl a.call-site").inner_text() == "rlm_query("
-    assert page.locator(".node[data-depth='1']").inner_text() == (
+    call_sites = page.locator("#tree-detail pre.lang-repl a.call-site")
+    assert call_sites.all_inner_texts() == ["rlm_query(", "rlm_query("]
+    call_sites.nth(1).click()  # the call that wrote 'CHILD: other' highlights that child only
+    assert [n.get_attribute("data-node-id") for n in page.locator(".node.flash").all()] == ["rlmd"]
+    assert page.locator(".node[data-node-id='rlmc']").inner_text() == (
         "depth 1 · reward 0.5 · adv 0.7 · terminated\nprompt: CHILD: sub-question\n→ 3")

@@ -265,17 +265,20 @@ const CALL = /\b(rlm_query_batched|rlm_query|llm_query_batched|llm_query)\s*\(/g
 const FENCE = /^[ \t]*```([\w+-]*)[^\n]*\n([\s\S]*?)(?:^[ \t]*```[ \t]*$|(?![\s\S]))/gm;  // an open block runs to the end
 const TAGS = /<(sql|solution|observation)>([\s\S]*?)<\/\1>/g;
 
-// Code with rlm_query call sites as links (when the trajectory has children to point at).
+// Code with rlm_query call sites as links (when the trajectory has children to point at); a link
+// passes ``onCall`` the code from its call to the next one, where the call's prompts are written.
 function codeNode(code, lang, onCall) {
   const pre = el("pre", { class: `code lang-${lang || "text"}` }, el("span", { class: "label", text: lang || "code" }));
+  const calls = [...code.matchAll(CALL)];
   let last = 0;
-  for (const match of code.matchAll(CALL)) {
+  calls.forEach((match, i) => {
     pre.append(code.slice(last, match.index));
     if (onCall && match[1].startsWith("rlm_query")) {
-      pre.append(el("a", { class: "call-site", title: "show the child episodes of this call", onclick: onCall }, match[0]));
+      const segment = code.slice(match.index, calls[i + 1]?.index ?? code.length);
+      pre.append(el("a", { class: "call-site", title: "show the child episodes of this call", onclick: () => onCall(segment) }, match[0]));
     } else pre.append(match[0]);
     last = match.index + match[0].length;
-  }
+  });
   pre.append(code.slice(last));
   return pre;
 }
@@ -435,8 +438,12 @@ async function selectNode(id) {
   state.selected = id;
   for (const node of $("tree").querySelectorAll(".node")) node.classList.toggle("selected", node.dataset.nodeId === id);
   const kids = childrenOf(id);
-  const flash = () => {
-    for (const node of $("tree").querySelectorAll(".node")) node.classList.toggle("flash", kids.some((k) => k.id === node.dataset.nodeId));
+  // the children whose prompt is written at the call site, else (prompts built at run time) all of them
+  const flash = (segment) => {
+    const code = segment.replace(/\s+/g, " ");
+    const named = kids.filter((k) => k.title && code.includes(k.title.replace(/…$/, "")));
+    const targets = named.length ? named : kids;
+    for (const node of $("tree").querySelectorAll(".node")) node.classList.toggle("flash", targets.some((k) => k.id === node.dataset.nodeId));
     $("tree").querySelector(".node.flash")?.scrollIntoView({ block: "nearest" });
   };
   await renderDetail($("tree-detail"), id, kids.length ? flash : null);
