@@ -141,6 +141,15 @@ def test_a_silent_session_is_reaped(http, server):
     assert not service.worker.call(lambda backend: backend.has(created["model_id"]))
 
 
+def test_old_results_are_pruned(http, model_id, server):
+    future = server.service.futures.create("test")
+    server.service.futures.finish(future, {"ok": True})
+    assert http.post("/retrieve_future", json={"request_id": future.request_id}).json() == {"ok": True}
+    future.created -= 7200
+    server.service.reap()
+    assert http.post("/retrieve_future", json={"request_id": future.request_id}).status_code == 404
+
+
 def test_skyrl_cli_has_the_tinker_command():
     from skyrl_core.cli import build_app
     from typer.testing import CliRunner

@@ -83,6 +83,16 @@ class FutureStore:
             pass
         return future.done
 
+    def prune(self, max_age: float, now: float | None = None) -> int:
+        """Drop finished futures older than ``max_age`` seconds (a client retrieves a result within
+        seconds; the rest would pile up over a long run); returns how many."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            gone = [k for k, f in self._futures.items() if f.done and now - f.created > max_age]
+            for key in gone:
+                del self._futures[key]
+        return len(gone)
+
     def forget_session(self, session_id: str) -> int:
         """Drop the futures of a reaped session; returns how many."""
         with self._lock:

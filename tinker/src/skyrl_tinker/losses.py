@@ -87,10 +87,11 @@ def check_datum(loss_fn: str, index: int, tokens: list[int], inputs: Mapping[str
     n = len(tokens)
     if n == 0:
         raise LossInputError(f"datum {index}: model_input is empty")
-    bad = [t for t in tokens if not 0 <= t < vocab_size]
-    if bad:
+    ids = np.asarray(tokens)
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
         raise LossInputError(f"datum {index}: model_input has token ids outside the vocabulary "
-                             f"(size {vocab_size}): {bad[:5]}")
+                             f"(size {vocab_size}): {bad[:5].tolist()}")
     required = LOSS_INPUTS[loss_fn]
     missing = [k for k in required if k not in inputs]
     if missing:

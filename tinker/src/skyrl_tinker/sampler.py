@@ -1,8 +1,8 @@
 """Sampling through our ``hf`` engine, from the base model or from base + a LoRA adapter merged.
 
-The engine holds one plain copy of the base model. A sampler's weights are a set of LoRA deltas
-(``scale * B @ A`` per adapted linear, taken when the sampler was saved); before a group of requests
-for one sampler runs, the engine's linears are set to ``base + delta`` through
+The engine holds one plain copy of the base model. A sampler keeps its adapter's small LoRA factors
+(taken when it was saved); before requests for it run, the engine's adapted linears are set to
+``base + (alpha / rank) B @ A`` through
 ``HFEngine.update_weights`` (skipped when that sampler is already loaded). Requests for the loaded
 sampler start at once and decode together in the engine's batcher; a request for another sampler
 waits until those in flight are done, then the weights are swapped.
@@ -26,6 +26,7 @@ from skyrl_core.engine import SamplingParams
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
 from skyrl_trainers.models import load_model_and_tokenizer
 
+from skyrl_tinker.backend import LORA_ALPHA
 from skyrl_tinker.futures import Future, FutureStore
 from skyrl_tinker.wire import encode_sample_response
 
@@ -34,10 +35,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SamplerWeights:
-    """What a sampling session samples from: ``key`` names it, ``deltas`` are empty for the base model."""
+    """What a sampling session samples from: ``key`` names it; ``adapter`` (peft's saved-adapter
+    naming) is empty for the base model."""
 
     key: str
-    deltas: Mapping[str, torch.Tensor]
+    adapter: Mapping[str, torch.Tensor]
+    rank: int = 1
+
+    def deltas(self) -> dict[str, torch.Tensor]:
+        """``(alpha / rank) * B @ A`` per adapted linear, keyed by the base model's weight names."""
+        scale = LORA_ALPHA / self.rank
+        out = {}
+        for key, a in self.adapter.items():
+            if key.endswith(".lora_A.weight"):
+                module = key.removesuffix(".lora_A.weight")
+                b = self.adapter[f"{module}.lora_B.weight"]
+                out[module.removeprefix("base_model.model.") + ".weight"] = (b.float() @ a.float()) * scale
+        return out
 
 
 @dataclass
@@ -145,14 +159,14 @@ class Sampler:
         """Put ``base + deltas`` into the engine for every linear that this or the last sampler adapts."""
         if weights.key == self._loaded_key:
             return
-        names = self._loaded_names | set(weights.deltas)
+        deltas = weights.deltas()
         update = {}
-        for name in names:
+        for name in self._loaded_names | set(deltas):
             base = self.base[name]
-            delta = weights.deltas.get(name)
+            delta = deltas.get(name)
             update[name] = base if delta is None else base + delta.to(base.device, base.dtype)
         await self.engine.update_weights(update)
-        self._loaded_key, self._loaded_names = weights.key, set(weights.deltas)
+        self._loaded_key, self._loaded_names = weights.key, set(deltas)
 
     @torch.inference_mode()
     def prompt_logprobs(self, prompt: list[int]) -> list[float]:

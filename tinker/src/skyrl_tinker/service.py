@@ -11,12 +11,12 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
-import torch
 from skyrl_core.engine import SamplingParams
 
-from skyrl_tinker.backend import LORA_ALPHA, AdapterSpec, Backend
+from skyrl_tinker.backend import AdapterSpec, Backend
 from skyrl_tinker.checkpoints import CheckpointError, CheckpointStore, TinkerPath
 from skyrl_tinker.futures import Future, FutureStore
 from skyrl_tinker.losses import LossInputError
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 MAX_NUM_SAMPLES = 128
 DEFAULT_MAX_TOKENS = 256
+FUTURE_TTL = 3600.0  # seconds a finished result stays retrievable
 UNSUPPORTED_SAMPLE_FIELDS = {"topk_prompt_logprobs": "top-k prompt logprobs",
                              "topk_sample_logprobs": "top-k sample logprobs",
                              "target_prompt_logprobs": "target prompt logprobs",
@@ -160,8 +161,12 @@ class TinkerService:
     def unload_model(self, model_id: str) -> Future:
         info = self._model(model_id)
         self.models.pop(model_id)
-        return self._queue("unload_model", model_id, info.session_id,
-                           lambda backend: (backend.drop(model_id), {"type": "unload_model", "model_id": model_id})[1])
+
+        def run(backend: Backend) -> dict[str, Any]:
+            backend.drop(model_id)
+            return {"type": "unload_model", "model_id": model_id}
+
+        return self._queue("unload_model", model_id, info.session_id, run)
 
     # --- training --------------------------------------------------------------------------------
 
@@ -216,7 +221,7 @@ class TinkerService:
             info.sampler_seq += 1
             key = f"{info.model_id}:ephemeral:{info.sampler_seq}"
             sampling_id = f"{info.session_id}:sample:{body['sampling_session_seq_id']}"
-            weights = SamplerWeights(key, deltas_from_adapter(state, info.spec.rank))
+            weights = SamplerWeights(key, state, info.spec.rank)
             self.sampling[sampling_id] = SamplingSession(sampling_id, info.session_id, weights, None)
             session = self.sessions.get(info.session_id)
             if session is not None:
@@ -315,7 +320,7 @@ class TinkerService:
                 state, meta, _ = self.checkpoints.load(path)
             except CheckpointError as exc:
                 raise RequestError(404, str(exc)) from None
-            weights = SamplerWeights(str(path), deltas_from_adapter(state, int(meta["lora"]["rank"])))
+            weights = SamplerWeights(str(path), state, int(meta["lora"]["rank"]))
         else:
             self._check_base(body.get("base_model"))
             weights = self.base_weights
@@ -367,30 +372,19 @@ class TinkerService:
         """Free what a finished or reaped session held (checkpoints on disk stay)."""
         for model_id in list(session.models):
             if self.models.pop(model_id, None) is not None:
-                self.worker.submit(Job(None, model_id, run=lambda backend, m=model_id: (backend.drop(m), {})[1]))
+                self.worker.submit(Job(None, model_id, run=partial(_drop, model_id)))
         for sampling_id in session.samplers:
             self.sampling.pop(sampling_id, None)
         self.futures.forget_session(session.session_id)
 
     def reap(self) -> int:
+        """Drop silent sessions (and finished futures older than ``FUTURE_TTL``); returns sessions reaped."""
+        self.futures.prune(FUTURE_TTL)
         gone = self.sessions.expired()
         for session in gone:
             log.info("session %s stopped sending heartbeats; reaped", session.session_id)
             self.drop_session(session)
         return len(gone)
-
-
-def deltas_from_adapter(state: Mapping[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
-    """``(alpha / rank) * B @ A`` per adapted linear, keyed by the base model's weight names."""
-    scale = LORA_ALPHA / rank
-    out = {}
-    for key, a in state.items():
-        if not key.endswith(".lora_A.weight"):
-            continue
-        module = key.removesuffix(".lora_A.weight")
-        b = state[f"{module}.lora_B.weight"]
-        out[module.removeprefix("base_model.model.") + ".weight"] = (b.float() @ a.float()) * scale
-    return out
 
 
 def _prompt_tokens(prompt: Mapping[str, Any]) -> list[int]:
@@ -420,3 +414,8 @@ def _sampling_params(raw: Mapping[str, Any], prompt_len: int, max_context: int |
                               stop=strings, stop_token_ids=ids, seed=raw.get("seed"))
     except ValueError as exc:
         raise RequestError(400, f"bad sampling_params: {exc}") from None
+
+
+def _drop(model_id: str, backend: Backend) -> dict[str, Any]:
+    backend.drop(model_id)
+    return {}
