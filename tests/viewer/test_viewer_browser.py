@@ -27,8 +27,9 @@ def reward_points(page, run: int = 0) -> int:
 def test_bad_folders_show_clear_messages(tmp_path, serve, page, artifacts):
     good = write_run(tmp_path / "good", steps=2)
     truncated = write_run(tmp_path / "truncated", steps=3)
-    with open(truncated / "metrics.jsonl", "a") as f:
-        f.write('{"step": 4, "reward/me')  # the trainer is mid-write
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        with open(truncated / name, "a") as f:
+            f.write('{"step": 4, "reward/me')  # the trainer is mid-write
     zero = tmp_path / "zero_steps"
     zero.mkdir()
     (zero / "metrics.jsonl").write_text("")
@@ -42,6 +43,12 @@ def test_bad_folders_show_clear_messages(tmp_path, serve, page, artifacts):
                      "metrics.jsonl holds no steps yet", "no metrics.jsonl in", "missing does not exist"):
         assert expected in notices
     page.screenshot(path=str(artifacts / "bad-folders-metrics.png"), full_page=True)
+    page.goto(viewer.url + "#samples")
+    page.locator("#run-select").select_option("1")
+    page.wait_for_selector("#sample-problems .notice")
+    assert page.locator("#sample-problems").inner_text() == (
+        "samples.jsonl: the last line is incomplete (still being written?) and was skipped")
+    page.wait_for_selector("#sample-detail[data-sample-id='root1']")  # the complete lines still show
 
     viewer = serve(zero, empty, tmp_path / "missing")
     page.goto(viewer.url)

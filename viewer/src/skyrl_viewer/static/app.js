@@ -238,6 +238,7 @@ function summaryLine(s) {
 function renderSamples() {
   const list = $("sample-list");
   const samples = state.samples.samples;
+  $("sample-problems").replaceChildren(...state.samples.problems.map((p) => el("div", { class: "notice", text: p })));
   if (!samples.length) {
     list.replaceChildren(el("li", { class: "heading" }, "No samples"));
     $("sample-detail").replaceChildren(el("div", { class: "empty", id: "no-samples" },
