@@ -58,6 +58,7 @@ class ServerConfig:
     session_timeout: float = 300.0
     max_batch_datums: int = 1024
     max_sample_batch: int = 64
+    api_key: str | None = None  # when set, every request must carry it as X-API-Key
 
 
 def build_service(config: ServerConfig) -> TinkerService:
@@ -86,6 +87,14 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
 
     app = FastAPI(title="skyrl-tinker", lifespan=lifespan)
     app.state.service = svc
+
+    if config.api_key is not None:
+        @app.middleware("http")
+        async def check_api_key(request: Request, call_next: Any) -> Response:
+            if request.headers.get("x-api-key") != config.api_key:
+                return JSONResponse({"detail": "missing or wrong API key (X-API-Key); the server was started "
+                                               "with --api-key"}, status_code=401)
+            return await call_next(request)
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError) -> JSONResponse:

@@ -10,8 +10,8 @@ DEFAULT_PORT = 8000
 def serve(
     base_model: str = typer.Option("tiny-random", "--base-model",
                                    help="Built-in name (tiny-random, smollm2-135m), local HF folder or hub id."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (there is no authentication: keep "
-                             "it on loopback or a trusted network)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (without --api-key there is no "
+                             "authentication: keep it on loopback or a trusted network)."),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="Port to listen on."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
     checkpoint_dir: str = typer.Option("~/.cache/skyrl/tinker", "--checkpoint-dir",
@@ -20,6 +20,9 @@ def serve(
                                           help="Seconds without a heartbeat before a session is reaped."),
     max_batch_datums: int = typer.Option(1024, "--max-batch-datums",
                                          help="Most datums accepted in one forward_backward request."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="SKYRL_TINKER_API_KEY",
+                                       help="Require this key (the client's api_key, starting with tml-) on "
+                                       "every request. Default: no check."),
 ) -> None:
     """Serve the Tinker API for one base model; clients train LoRA adapters on it and sample from them."""
     import uvicorn
@@ -27,15 +30,20 @@ def serve(
     from skyrl_tinker.app import ServerConfig, create_app
 
     config = ServerConfig(base_model=base_model, device=device, checkpoint_dir=checkpoint_dir,
-                          session_timeout=session_timeout, max_batch_datums=max_batch_datums)
+                          session_timeout=session_timeout, max_batch_datums=max_batch_datums, api_key=api_key)
     typer.echo(f"skyrl-tinker: serving {base_model} on http://{host}:{port} (checkpoints in {checkpoint_dir})")
     uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
 
 
 def build_app() -> typer.Typer:
     app = typer.Typer(help="A Tinker API server on skyrl-trainers.", no_args_is_help=True, add_completion=False)
+    app.callback()(_group)  # keeps ``serve`` a sub-command (typer collapses a one-command app)
     app.command("serve")(serve)
     return app
+
+
+def _group() -> None:
+    """A Tinker API server on skyrl-trainers."""
 
 
 def main() -> None:
