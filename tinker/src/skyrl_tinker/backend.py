@@ -15,7 +15,6 @@ embeddings a LoRA delta on the head would also move the input embeddings.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +27,6 @@ from skyrl_trainers.models import load_model_and_tokenizer, model_source
 
 from skyrl_tinker.losses import LossInputError, check_datum, elementwise_loss, loss_batch, resolve_config
 from skyrl_tinker.wire import DatumIn
-
-log = logging.getLogger(__name__)
 
 LORA_ALPHA = 32  # Tinker exposes only the rank; scaling is alpha / rank
 _PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no client has an adapter
@@ -66,9 +63,8 @@ class Backend:
 
     def __init__(self, base_model: str, *, device: str = "cpu", max_batch_datums: int = 1024,
                  micro_batch_tokens: int = 8192) -> None:
-        model, tokenizer = load_model_and_tokenizer(base_model, device=device)
+        model, _ = load_model_and_tokenizer(base_model, device=device)
         self.base_model_name = base_model
-        self.tokenizer = tokenizer
         self.tokenizer_source = model_source(base_model)
         self.device = torch.device(device)
         self.vocab_size = model.get_input_embeddings().num_embeddings
@@ -100,9 +96,6 @@ class Backend:
 
     def has(self, model_id: str) -> bool:
         return model_id in self._adapters
-
-    def spec(self, model_id: str) -> AdapterSpec:
-        return self._adapters[model_id].spec
 
     def create(self, model_id: str, spec: AdapterSpec) -> None:
         """A fresh adapter (``lora_B = 0``, so it starts as the base model) and its AdamW."""

@@ -9,7 +9,6 @@ splits the outputs back per request. Models never share a batch: each has its ow
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -18,8 +17,6 @@ from dataclasses import dataclass
 from skyrl_tinker.backend import Backend
 from skyrl_tinker.futures import Future, FutureStore, Result
 from skyrl_tinker.wire import ForwardBackwardIn, encode_forward_backward_output
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
