@@ -8,7 +8,7 @@ dict, returns a :class:`~skyrl_tinker.futures.Future` for queued work, or raises
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -18,10 +18,10 @@ from skyrl_core.engine import SamplingParams
 
 from skyrl_tinker.backend import AdapterSpec, Backend
 from skyrl_tinker.checkpoints import CheckpointError, CheckpointStore, TinkerPath
-from skyrl_tinker.futures import Future, FutureStore
+from skyrl_tinker.futures import Future, FutureStore, Result
 from skyrl_tinker.losses import LossInputError
 from skyrl_tinker.sampler import SampleJob, Sampler, SamplerWeights
-from skyrl_tinker.sessions import SessionRegistry
+from skyrl_tinker.sessions import Session, SessionRegistry
 from skyrl_tinker.wire import ForwardBackwardIn
 from skyrl_tinker.worker import Job, TrainWorker
 
@@ -87,7 +87,7 @@ class TinkerService:
                                       "max_context_length": self.backend.max_context,
                                       "trainable": True, "sampleable": True}]}
 
-    def _session(self, session_id: str) -> Any:
+    def _session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
             raise RequestError(404, f"unknown or expired session {session_id!r} (sessions end when heartbeats stop)")
@@ -104,7 +104,8 @@ class TinkerService:
             raise RequestError(400, f"base model {base_model!r} is not served here; this server serves "
                                     f"{self.backend.base_model_name!r} (skyrl-tinker serve --base-model)")
 
-    def _queue(self, kind: str, model_id: str | None, session_id: str | None, run: Any) -> Future:
+    def _queue(self, kind: str, model_id: str | None, session_id: str | None,
+               run: Callable[[Backend], Result]) -> Future:
         future = self.futures.create(kind, session_id)
         self.worker.submit(Job(future, model_id, run=run))
         return future
@@ -127,7 +128,7 @@ class TinkerService:
         model_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
         return self._register(session, model_id, spec, None), model_id
 
-    def _register(self, session: Any, model_id: str, spec: AdapterSpec, load: TinkerPath | None,
+    def _register(self, session: Session, model_id: str, spec: AdapterSpec, load: TinkerPath | None,
                   optimizer: bool = False) -> Future:
         if model_id in self.models:
             raise RequestError(409 if load is None else 400, f"model {model_id!r} already exists")
@@ -368,7 +369,7 @@ class TinkerService:
 
     # --- sessions --------------------------------------------------------------------------------
 
-    def drop_session(self, session: Any) -> None:
+    def drop_session(self, session: Session) -> None:
         """Free what a finished or reaped session held (checkpoints on disk stay)."""
         for model_id in list(session.models):
             if self.models.pop(model_id, None) is not None:
