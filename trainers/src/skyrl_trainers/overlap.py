@@ -99,15 +99,18 @@ class _Overlapped:
             batch = await self.generator.generate(tasks, **self.seeded(key))
         finally:
             self.clock.end()
+        assert self.versions is not None
+        self.versions.translate(batch.trajectories)
         self.tokens_generated += generated_tokens(batch.trajectories)
         return batch
 
     async def push_weights(self, version: int, changed: bool) -> None:
         """Bring the engine to the trainer's weights, then count ``version`` as the engine's."""
+        assert self.versions is not None
         if changed:
             state = await self.in_trainer(self.workers.call, "full_state_dict")
+            self.versions.pushing(version)
             await self.engine.update_weights(state[0])
-        assert self.versions is not None
         self.versions.pushed(version)
         self.version = version
 

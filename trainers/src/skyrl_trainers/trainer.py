@@ -170,6 +170,8 @@ class _StepLoop:
         # per-step seed: a resumed run samples step N exactly as an uninterrupted one does
         seeded = {"seed": request_seed(self.trainer.config.run.seed, f"step{step}")} if self.seeded else {}
         batch: TrajectoryBatch = self.loop.run_until_complete(self.generator.generate(tasks, **seeded))
+        for t in batch.trajectories:  # in engine terms; every token here is the policy after step - 1
+            t.policy_versions = [step - 1 if v >= 0 else v for v in t.policy_versions]
         if self.sleeps:  # free the engine's GPU memory for training; its weights are re-sent below
             self.loop.run_until_complete(self.engine.sleep(level=2))
         elif hasattr(self.engine, "release_memory"):  # e.g. the hf engine's packed weights, stale after the update

@@ -7,8 +7,18 @@ constructor raises :class:`VLLMUnavailableError` saying what is missing and what
   (``logprobs=0``); ``logprobs_mode`` picks raw or processed logprobs, as for the ``hf`` engine.
 * Weight updates go through vLLM's ``collective_rpc`` to :class:`~.vllm_worker.WeightLoaderExtension`
   (installed as ``worker_extension_cls``), which calls the model's ``load_weights``; tensors travel in
-  chunks of ``weight_chunk_mb``. The prefix cache is reset afterwards so no KV computed with old
-  weights is reused.
+  chunks of ``weight_chunk_mb``. The prefix cache is reset afterwards so no new request reuses KV
+  computed with old weights.
+* In-flight updates (``in_flight_updates``, as on the ``hf`` engine): the update pauses vLLM's
+  scheduler between two engine steps (``AsyncLLM.pause_generation``), loads the weights and resumes.
+  ``off`` first lets the requests in flight finish (``mode="wait"``: no completion mixes versions);
+  ``keep`` freezes them where they are (``mode="keep"``) and they go on with the new weights over
+  their KV cache; ``recompute`` also preempts them (``reset_prefix_cache(reset_running_requests=True)``)
+  so vLLM recomputes prompt + tokens so far with the new weights and drops output sampled but not yet
+  sent. Outputs stream as deltas, and each token is stamped with the version whose weights were
+  loaded when it reached this process; the version moves only after the scheduler has paused and
+  the weights are in, so a token sampled before the pause is counted as the old version (vLLM returns
+  a paused step's outputs before ``pause_generation`` returns).
 * Colocated with a trainer on the same GPU, set ``enable_sleep_mode=True`` and call :meth:`sleep`
   before training and :meth:`wake_up` after; :meth:`update_weights` wakes the weights (not the KV
   cache) itself when the engine is asleep.
@@ -20,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
+import logging
 import threading
 import uuid
 from collections.abc import Coroutine, Iterable, Iterator, Mapping
@@ -31,6 +43,7 @@ from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopR
 from skyrl_trainers.engines.sampling import LogprobMode
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 WORKER_EXTENSION = "skyrl_trainers.engines.vllm_worker.WeightLoaderExtension"
 LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 FINISH_REASONS: dict[str, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -58,6 +71,11 @@ class VLLMEngineConfig(BaseModel):
     logprobs_mode: LogprobMode = Field("processed", description="processed: under the sampling distribution; "
                                        "raw: of the unmodified model.")
     weight_chunk_mb: int = Field(512, ge=1, description="Size of each weight-update message to the workers.")
+    in_flight_updates: Literal["off", "keep", "recompute"] = Field(
+        "off", description="What a weight update does to requests decoding: off waits until they finish; keep "
+        "pauses them between engine steps and they go on with the new weights over their KV cache; recompute "
+        "pauses them and recomputes their KV with the new weights. keep/recompute need a vLLM whose "
+        "AsyncLLM.pause_generation takes mode=.")
     seed: int = 0
     extra_engine_args: dict[str, Any] = Field(default_factory=dict,
                                               description="More vllm.AsyncEngineArgs fields, passed as is.")
@@ -80,17 +98,13 @@ def check_vllm_available() -> None:
 class VLLMEngine:
     """vLLM behind skyrl-core's ``InferenceEngine`` protocol. Safe to call concurrently from any loop.
 
-    ``in_flight_updates`` is ``"off"``: this engine neither pauses requests for an update nor records
-    which weights produced each token. Today :meth:`update_weights` does not wait for requests in
-    flight either (vLLM runs the ``collective_rpc`` between its engine steps, so a request decoding
-    meanwhile goes on with the new weights over its old KV cache while its output still reports
-    ``metadata["weight_version"]`` from admission); callers update only between rollouts.
+    ``llm`` is for an ``AsyncLLM`` built elsewhere (or a stand-in with its methods, as the CPU tests
+    use); by default the constructor starts vLLM itself.
     """
 
-    in_flight_updates = "off"
-
-    def __init__(self, config: VLLMEngineConfig | None = None) -> None:
-        check_vllm_available()
+    def __init__(self, config: VLLMEngineConfig | None = None, llm: Any = None) -> None:
+        if llm is None:
+            check_vllm_available()
         from skyrl_trainers.models import ModelLoadError, load_tokenizer, model_source
 
         self.config = config = config or VLLMEngineConfig()
@@ -104,7 +118,18 @@ class VLLMEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        self._llm = self._call(self._start(source))
+        self._llm = llm if llm is not None else self._call(self._start(source))
+        self._pause_modes = "mode" in inspect.signature(self._llm.pause_generation).parameters
+        if config.in_flight_updates != "off" and not self._pause_modes:
+            self.close()
+            raise VLLMUnavailableError(
+                f"engine.in_flight_updates={config.in_flight_updates} needs a vLLM whose AsyncLLM.pause_generation "
+                "takes mode= (pausing with requests kept); upgrade vllm or set engine.in_flight_updates=off")
+
+    @property
+    def in_flight_updates(self) -> str:
+        """``off``, ``keep`` or ``recompute`` (``VLLMEngineConfig.in_flight_updates``)."""
+        return self.config.in_flight_updates
 
     async def _start(self, source: str) -> Any:
         from vllm import AsyncEngineArgs
@@ -146,36 +171,61 @@ class VLLMEngine:
         self._loop.call_soon_threadsafe(self._loop.stop)
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
-        from vllm import SamplingParams as VLLMSamplingParams
+        version = self.weight_version
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        text: list[str] = []
+        finish_reason = None
+        async for output in self._llm.generate(self._prompt(prompt_ids), self._sampling(params),
+                                               request_id=uuid.uuid4().hex):
+            for delta in output.outputs[:1]:  # n=1; DELTA outputs carry only what is new since the last one
+                new = list(delta.token_ids)
+                token_ids += new
+                logprobs += [step[token].logprob for token, step in zip(new, delta.logprobs or [], strict=False)]
+                versions += [self.weight_version] * len(new)
+                text.append(delta.text or "")
+                finish_reason = delta.finish_reason or finish_reason
+        if finish_reason is None and not token_ids:
+            raise EngineError("vllm engine: the request finished without output")
+        reason = FINISH_REASONS.get(str(finish_reason), "stop")
+        return GenerateOutput(token_ids, logprobs if len(logprobs) == len(token_ids) else None, reason,
+                              "".join(text), metadata={"weight_version": version}, weight_versions=versions)
+
+    def _prompt(self, prompt_ids: list[int]) -> Any:
         from vllm.inputs import TokensPrompt
 
-        sampling = VLLMSamplingParams(
+        return TokensPrompt(prompt_token_ids=prompt_ids)
+
+    def _sampling(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VLLMSamplingParams(
             n=1, max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None, include_stop_str_in_output=True,
-            seed=params.seed, logprobs=0, skip_special_tokens=False)
-        version = self.weight_version
-        final = None
-        async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sampling,
-                                               request_id=uuid.uuid4().hex):
-            final = output
-        if final is None or not final.outputs:
-            raise EngineError("vllm engine: the request finished without output")
-        completion = final.outputs[0]
-        token_ids = list(completion.token_ids)
-        logprobs = [step[token].logprob for token, step in zip(token_ids, completion.logprobs or [], strict=False)]
-        reason = FINISH_REASONS.get(str(completion.finish_reason), "stop")
-        return GenerateOutput(token_ids, logprobs if len(logprobs) == len(token_ids) else None, reason,
-                              completion.text, metadata={"weight_version": version})
+            seed=params.seed, logprobs=0, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA)
 
     async def _update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         if "weights" in self.asleep:
             await self._llm.wake_up(["weights"])
             self.asleep.discard("weights")
-        for chunk in chunk_named_tensors(named_tensors, self.config.weight_chunk_mb * 2**20):
-            await self._llm.collective_rpc("skyrl_load_weights", args=(chunk,))
-        await self._llm.reset_prefix_cache()
-        self.weight_version += 1
+        mode = self.config.in_flight_updates
+        if self._pause_modes:  # older vLLMs cannot pause: the update then lands between engine steps as is
+            await self._llm.pause_generation(mode="wait" if mode == "off" else "keep", clear_cache=False)
+        try:
+            for chunk in chunk_named_tensors(named_tensors, self.config.weight_chunk_mb * 2**20):
+                await self._llm.collective_rpc("skyrl_load_weights", args=(chunk,))
+            if mode == "recompute":
+                await self._llm.reset_prefix_cache(reset_running_requests=True)
+            elif not await self._llm.reset_prefix_cache():
+                log.warning("vllm engine: the prefix cache could not be reset (requests hold it); new requests may "
+                            "reuse prompt KV computed by the previous weights until they finish")
+            self.weight_version += 1
+        finally:
+            if self._pause_modes:
+                await self._llm.resume_generation()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
