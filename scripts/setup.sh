@@ -24,12 +24,21 @@ if (( ${#docker_packages[@]} )) && command -v apt-get >/dev/null 2>&1 && [[ $(id
     || echo "could not install ${docker_packages[*]}: the docker sandbox backend will be unavailable"
 fi
 
+# Headless Chromium for the browser tests of skyrl view (Playwright drives the system browser; nothing is downloaded).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+  echo "installing chromium (browser tests of skyrl view)"
+  apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null \
+    || echo "chromium unavailable: the browser tests of skyrl view will skip (fail with SKYRL_REQUIRE_BROWSER=1)"
+fi
+
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --upgrade pip
 "$venv/bin/python" -c "import torch" 2>/dev/null || "${pip[@]}" torch==2.13.0
 "${pip[@]}" -e "./core[test]" -e "./sandbox[docker]"
 "${pip[@]}" -e examples/reverse_text -e "plugins/sql[duckdb]" -e plugins/rlm_repl -e "trainers"
+# skyrl view (metrics, samples and RLM trees in the browser); [test] adds playwright, driven with the system chromium.
+"${pip[@]}" -e "viewer[test]"
 # Search-R1 retrieval: the retrieval server, Search-R1 parquet files and dense retrieval (faiss-cpu; the pinned torch stays).
 "${pip[@]}" -e "plugins/search[server,parquet,dense]"
 # Harbor terminal tasks (pyarrow reads Parquet task datasets); the plugin needs Python 3.11+ (tomllib).
