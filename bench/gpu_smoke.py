@@ -1,12 +1,20 @@
-"""GPU smoke test: one GRPO step with FSDP2 on CUDA, rollouts from the hf engine (and vLLM when installed).
+"""GPU smoke test: GRPO with FSDP2 on CUDA, rollouts from the hf engine (and vLLM when installed).
 
-For each engine: 16 rollouts -> one ``fsdp_grpo`` train step (bf16 mixed precision, world size 1)
--> weight sync into the engine -> 16 more rollouts with the new weights. Prints step time, tokens/s
-and peak GPU memory per phase, and fails (exit 1) if the whole run exceeds ``--budget-s``.
-On a machine without CUDA it says so and exits 0.
+``--mode sync`` (per engine): 16 rollouts -> one ``fsdp_grpo`` train step (bf16 mixed precision,
+world size 1) -> weight sync into the engine -> 16 more rollouts with the new weights.
+
+``--mode async`` (per engine): what ``trainer.mode=async`` needs of it. An engine with
+``in_flight_updates=keep`` takes the trained weights while 16 long rollouts decode; the bench
+counts the completions whose tokens carry both policy versions and times the update. Then a
+4-step ``skyrl run ... trainer.mode=async`` on ``reverse_text`` trains end to end on the GPU and its
+staleness, dropped groups and throughput are printed.
+
+``--mode both`` (the default) runs both. Prints time, tokens/s and peak GPU memory per phase, and
+fails (exit 1) if a check fails or the whole run exceeds ``--budget-s``. On a machine without CUDA it
+says so and exits 0.
 
     python bench/gpu_smoke.py                       # smollm2-135m
-    python bench/gpu_smoke.py --model tiny-random
+    python bench/gpu_smoke.py --model tiny-random --mode async
 """
 
 from __future__ import annotations
@@ -14,8 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -79,11 +90,62 @@ def smoke(engine_name: str, engine: Any, worker: Any, max_tokens: int) -> None:
         raise RuntimeError(f"{engine_name}: the engine did not record the weight update")
 
 
+def in_flight(engine_name: str, engine: Any, worker: Any, max_tokens: int) -> None:
+    """An update lands while rollouts decode: completions span two policy versions."""
+    tokenizer = engine.tokenizer
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False) for p in PROMPTS]
+    state = worker.full_state_dict()
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=0)
+
+    async def run() -> tuple[list[Any], float]:
+        requests = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
+        await asyncio.sleep(0.5)  # decoding by now
+        started = time.perf_counter()
+        await engine.update_weights(state)
+        update_s = time.perf_counter() - started
+        return await asyncio.gather(*requests), update_s
+
+    print(f"\n[{engine_name}, in-flight update]")
+    (outs, update_s), total_s, _ = timed("16 rollouts with an update mid-decode", lambda: asyncio.run(run()))
+    if any(o.weight_versions is None for o in outs):
+        raise RuntimeError(f"{engine_name}: completions carry no per-token weight versions")
+    spanning = sum(len(set(o.weight_versions)) > 1 for o in outs)
+    generated = sum(len(o.token_ids) for o in outs)
+    print(f"  update took {update_s:.2f} s while decoding; {spanning}/16 completions span two versions; "
+          f"{generated / total_s:.0f} tokens/s overall")
+    if spanning == 0 and all(o.stop_reason == "length" for o in outs):
+        raise RuntimeError(f"{engine_name}: the update did not land mid-decode")
+
+
+def async_run(model: str, engine_id: str, steps: int = 4) -> None:
+    """``skyrl run`` in ``trainer.mode=async`` on the GPU, end to end."""
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", "skyrl_core.cli", "run", "--env", "reverse_text", "--trainer", "fsdp_grpo",
+                   "--model", model, f"engine.id={engine_id}", "trainer.mode=async", "trainer.off_policy.tis=token",
+                   f"trainer.steps={steps}", "trainer.batch_size=8", "generator.n_samples_per_prompt=4",
+                   "trainer.device=cuda", "trainer.export=false", "run.console=false", f"run.output_dir={folder}"]
+        if engine_id == "vllm":
+            command.append("engine.gpu_memory_utilization=0.3")
+        print(f"\n[{engine_id} engine, trainer.mode=async: {steps} steps]")
+        started = time.perf_counter()
+        subprocess.run(command, check=True)
+        seconds = time.perf_counter() - started
+        records = [json.loads(line) for line in open(f"{folder}/metrics.jsonl") if line.strip()]
+    if len(records) != steps:
+        raise RuntimeError(f"async run: {len(records)} steps logged, expected {steps}")
+    print(f"  {seconds:.1f} s; staleness max {max(r['async/staleness_max'] for r in records):.0f}, "
+          f"dropped groups {sum(r['async/dropped_groups'] for r in records):.0f}, "
+          f"generated tokens/s {records[-1]['throughput/generated_tokens_per_second']:.0f}, "
+          f"reward {records[0]['reward/mean']:.3f} -> {records[-1]['reward/mean']:.3f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--budget-s", type=float, default=300.0)
+    parser.add_argument("--mode", choices=["sync", "async", "both"], default="both")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_smoke: no CUDA GPU visible to torch (torch.cuda.is_available() is False); nothing to do.")
@@ -100,22 +162,32 @@ def main() -> int:
     worker, _, _ = timed("load policy + fully_shard", lambda: TrainWorker(0, 1, "127.0.0.1", free_port(),
                                                                           WorkerSpec(config)))
     try:
-        hf, _, _ = timed("load hf engine", lambda: HFEngine(HFEngineConfig(model=args.model, device="cuda")))
-        smoke("hf engine", hf, worker, args.max_tokens)
-        hf.close()
-        del hf
-        if importlib.util.find_spec("vllm") is None:
+        modes = ["sync", "async"] if args.mode == "both" else [args.mode]
+        has_vllm = importlib.util.find_spec("vllm") is not None
+        if not has_vllm:
             print("\n[vllm] not installed: skipped (pip install 'skyrl-trainers[vllm]')")
-        else:
-            from skyrl_trainers.engines.vllm import VLLMEngine, VLLMEngineConfig
+        for mode in modes:
+            updates = "off" if mode == "sync" else "keep"
+            hf, _, _ = timed(f"load hf engine ({updates})", lambda u=updates: HFEngine(HFEngineConfig(
+                model=args.model, device="cuda", in_flight_updates=u)))
+            (smoke if mode == "sync" else in_flight)("hf engine", hf, worker, args.max_tokens)
+            hf.close()
+            del hf
+            if has_vllm:
+                from skyrl_trainers.engines.vllm import VLLMEngine, VLLMEngineConfig
 
-            vllm, _, _ = timed("load vllm engine", lambda: VLLMEngine(VLLMEngineConfig(
-                model=args.model, gpu_memory_utilization=0.3, enable_sleep_mode=True)))
-            smoke("vllm engine", vllm, worker, args.max_tokens)
-            timed("vllm sleep + wake_up", lambda: (asyncio.run(vllm.sleep(1)), asyncio.run(vllm.wake_up())))
-            vllm.close()
+                vllm, _, _ = timed(f"load vllm engine ({updates})", lambda u=updates: VLLMEngine(VLLMEngineConfig(
+                    model=args.model, gpu_memory_utilization=0.3, enable_sleep_mode=True, in_flight_updates=u)))
+                (smoke if mode == "sync" else in_flight)("vllm engine", vllm, worker, args.max_tokens)
+                if mode == "sync":
+                    timed("vllm sleep + wake_up", lambda e=vllm: (asyncio.run(e.sleep(1)), asyncio.run(e.wake_up())))
+                vllm.close()
+                del vllm
     finally:
         dist.destroy_process_group()
+    if "async" in modes:
+        for engine_id in ["hf", "vllm"] if has_vllm else ["hf"]:
+            async_run(args.model, engine_id)
     total = time.perf_counter() - started
     print(f"\ntotal {total:.1f} s (budget {args.budget_s:.0f} s)")
     return 0 if total <= args.budget_s else 1
