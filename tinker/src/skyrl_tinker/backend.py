@@ -152,43 +152,70 @@ class Backend:
                          config: Mapping[str, float | str] | None, *, forward_only: bool = False) -> ForwardResult:
         """Per-datum ``logprobs`` and ``elementwise_loss``; gradients of the summed loss are added to the
         adapter's ``.grad`` (kept until :meth:`optim_step`) unless ``forward_only``."""
-        resolved = self.check_batch(data, loss_fn, config)
-        adapter = self._activate(model_id)
-        outputs: list[dict[str, np.ndarray]] = []
-        total = 0.0
-        for chunk in self._micro_batches(data):
-            with torch.set_grad_enabled(not forward_only):
-                logp, per_token, batch = self._loss(chunk, loss_fn, resolved)
-                loss = per_token.sum()
-                if not forward_only:
-                    loss.backward()
-            total += float(loss.detach())
-            for i, datum in enumerate(chunk):
-                n = len(datum.tokens)
-                outputs.append({"logprobs": logp[i, :n].detach().float().cpu().numpy(),
-                                "elementwise_loss": per_token[i, :n].detach().float().cpu().numpy()})
-            del batch
-        if not forward_only:
-            adapter.pending_grads = True
-        return ForwardResult(outputs, {"loss:sum": total})
+        return self.forward_backward_many([(model_id, data)], loss_fn, config, forward_only=forward_only)[0]
 
-    def _micro_batches(self, data: Sequence[DatumIn]) -> list[list[DatumIn]]:
-        chunks: list[list[DatumIn]] = [[]]
+    def forward_backward_many(self, requests: Sequence[tuple[str, Sequence[DatumIn]]], loss_fn: str,
+                              config: Mapping[str, float | str] | None, *, forward_only: bool = False
+                              ) -> list[ForwardResult]:
+        """Several models' requests (same loss) in shared forward/backward passes.
+
+        With more than one adapter, every row goes through its own model's adapter only (peft's
+        mixed-adapter batch, ``adapter_names``): the batch loss is a sum of per-row losses, so each
+        adapter's gradient is exactly what its own request alone would give.
+        """
+        resolved = {}
+        for _, data in requests:
+            resolved = self.check_batch(data, loss_fn, config)
+        adapters = [self._adapters.get(model_id) for model_id, _ in requests]
+        missing = [model_id for (model_id, _), a in zip(requests, adapters, strict=True) if a is None]
+        if missing:
+            raise KeyError(missing[0])
+        self.peft.set_adapter(adapters[0].name)
+        routed = len({a.name for a in adapters}) > 1
+        if routed and not forward_only:  # set_adapter leaves only the first adapter trainable
+            for adapter in adapters:
+                for group in adapter.optimizer.param_groups:
+                    for p in group["params"]:
+                        p.requires_grad_(True)
+        rows = [(i, adapter.name, datum) for i, (adapter, (_, data)) in enumerate(zip(adapters, requests, strict=True))
+                for datum in data]
+        outputs: list[list[dict[str, np.ndarray]]] = [[] for _ in requests]
+        totals = [0.0] * len(requests)
+        for chunk in self._micro_batches(rows):
+            data = [datum for _, _, datum in chunk]
+            with torch.set_grad_enabled(not forward_only):
+                names = [name for _, name, _ in chunk] if routed else None
+                logp, per_token = self._loss(data, loss_fn, resolved, names)
+                if not forward_only:
+                    per_token.sum().backward()
+            for (owner, _, datum), lp, loss in zip(chunk, logp.detach().float().cpu(),
+                                                   per_token.detach().float().cpu(), strict=True):
+                n = len(datum.tokens)
+                outputs[owner].append({"logprobs": lp[:n].numpy(), "elementwise_loss": loss[:n].numpy()})
+                totals[owner] += float(loss[:n].sum())
+        if not forward_only:
+            for adapter in adapters:
+                adapter.pending_grads = True
+        return [ForwardResult(out, {"loss:sum": total}) for out, total in zip(outputs, totals, strict=True)]
+
+    def _micro_batches(self, rows: Sequence[tuple[int, str, DatumIn]]) -> list[list[tuple[int, str, DatumIn]]]:
+        chunks: list[list[tuple[int, str, DatumIn]]] = [[]]
         width = 0
-        for datum in data:
-            width = max(width, len(datum.tokens))
+        for row in rows:
+            width = max(width, len(row[2].tokens))
             if chunks[-1] and width * (len(chunks[-1]) + 1) > self.micro_batch_tokens:
                 chunks.append([])
-                width = len(datum.tokens)
-            chunks[-1].append(datum)
+                width = len(row[2].tokens)
+            chunks[-1].append(row)
         return chunks
 
-    def _loss(self, chunk: Sequence[DatumIn], loss_fn: str, config: Mapping[str, float]
-              ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _loss(self, chunk: Sequence[DatumIn], loss_fn: str, config: Mapping[str, float],
+              adapter_names: list[str] | None) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.micro_batch(chunk)
         losses = loss_batch([d.loss_fn_inputs for d in chunk], batch.targets.shape[1]).to(self.device)
-        logp, _ = token_logprobs(self.peft, batch)
-        return logp, elementwise_loss(loss_fn, logp, losses, config), batch
+        model = self.peft if adapter_names is None else _Routed(self.peft, adapter_names)
+        logp, _ = token_logprobs(model, batch)
+        return logp, elementwise_loss(loss_fn, logp, losses, config)
 
     def micro_batch(self, chunk: Sequence[DatumIn]) -> MicroBatch:
         """One datum per right-padded row; position ``t`` of a row predicts ``target_tokens[t]``."""
@@ -256,3 +283,17 @@ class Backend:
         if optimizer is not None:
             adapter.optimizer.load_state_dict(optimizer["optimizer"])
             adapter.steps = int(optimizer.get("steps", 0))
+
+
+class _Routed:
+    """The PeftModel called with one adapter name per batch row (duck-typed for ``token_logprobs``)."""
+
+    def __init__(self, model: torch.nn.Module, adapter_names: list[str]) -> None:
+        self._model = model
+        self._adapter_names = adapter_names
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self._model(adapter_names=self._adapter_names, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

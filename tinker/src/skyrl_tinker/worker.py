@@ -1,16 +1,19 @@
 """The training worker: one thread that owns the :class:`~skyrl_tinker.backend.Backend`.
 
 Requests are queued in arrival order (the client sends a training client's requests one at a time,
-in ``seq_id`` order). Each round the worker takes everything queued, keeps every model's requests in
-their order, and merges consecutive ``forward_backward`` requests of one model with the same loss
-into a single forward/backward over their concatenated data (same gradients: losses are sums), then
-splits the outputs back per request. Models never share a batch: each has its own adapter.
+in ``seq_id`` order). Each round the worker takes everything queued and keeps every model's requests
+in their order. The leading ``forward_backward`` requests of all models that use the same loss run as
+one batch: one model's consecutive requests are concatenated, and rows of different models go
+through their own adapters in the same forward/backward (see ``Backend.forward_backward_many``;
+losses are sums, so no gradient mixes). Then each model's next other request (``optim_step``, a
+save...) runs, and so on until the queue is empty.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,22 +90,26 @@ class TrainWorker:
             self._run_all(jobs)
 
     def _run_all(self, jobs: list[Job]) -> None:
-        by_model: dict[str | None, list[Job]] = {}
+        queues: dict[str | None, deque[Job]] = {}
         for job in jobs:
-            by_model.setdefault(job.model_id, []).append(job)
-        for model_jobs in by_model.values():
-            i = 0
-            while i < len(model_jobs):
-                group = [model_jobs[i]]
-                key = group[0].merge_key()
-                while key is not None and i + len(group) < len(model_jobs) \
-                        and model_jobs[i + len(group)].merge_key() == key:
-                    group.append(model_jobs[i + len(group)])
-                i += len(group)
+            queues.setdefault(job.model_id, deque()).append(job)
+        while queues:
+            # every model's leading forward_backward requests, bucketed by loss across models
+            buckets: dict[tuple, list[tuple[str, list[Job]]]] = {}
+            for model_id, queue_ in queues.items():
+                key = queue_[0].merge_key()
                 if key is None:
-                    self._run_one(group[0])
-                else:
-                    self._run_forward_backward(group)
+                    continue
+                group = []
+                while queue_ and queue_[0].merge_key() == key:
+                    group.append(queue_.popleft())
+                buckets.setdefault(key, []).append((model_id, group))
+            for entries in buckets.values():
+                self._run_forward_backward(entries)
+            for queue_ in queues.values():  # then each model's next other request, in its order
+                if queue_ and queue_[0].merge_key() is None:
+                    self._run_one(queue_.popleft())
+            queues = {m: q for m, q in queues.items() if q}
 
     def _run_one(self, job: Job) -> None:
         assert job.run is not None
@@ -111,25 +118,26 @@ class TrainWorker:
         else:
             self.futures.run(job.future, lambda: job.run(self.backend))
 
-    def _run_forward_backward(self, group: list[Job]) -> None:
-        self.batch_sizes.append(len(group))
-        first = group[0].fb
-        assert first is not None
-        data = [d for job in group for d in job.fb.data]
+    def _run_forward_backward(self, entries: list[tuple[str, list[Job]]]) -> None:
+        """One backend call for every queued forward_backward of ``entries`` (one per model, same loss)."""
+        jobs = [job for _, group in entries for job in group]
+        self.batch_sizes.append(len(jobs))
+        first = jobs[0].fb
+        requests = [(model_id, [d for job in group for d in job.fb.data]) for model_id, group in entries]
         try:
-            result = self.backend.forward_backward(group[0].model_id, data, first.loss_fn, first.loss_fn_config,
-                                                   forward_only=first.forward_only)
+            results = self.backend.forward_backward_many(requests, first.loss_fn, first.loss_fn_config,
+                                                         forward_only=first.forward_only)
         except Exception as exc:  # requests are validated before queueing, so this is rare; fail them all
-            for job in group:
+            for job in jobs:
                 self.futures.run(job.future, lambda exc=exc: _raise(exc))
             return
-        start = 0
-        for job in group:
-            n = len(job.fb.data)
-            outputs = result.outputs[start:start + n]
-            start += n
-            loss = float(sum(o["elementwise_loss"].sum() for o in outputs))
-            self.futures.finish(job.future, encode_forward_backward_output(outputs, {"loss:sum": loss}))
+        for (_, group), result in zip(entries, results, strict=True):
+            start = 0
+            for job in group:
+                outputs = result.outputs[start:start + len(job.fb.data)]
+                start += len(job.fb.data)
+                loss = float(sum(o["elementwise_loss"].sum() for o in outputs))
+                self.futures.finish(job.future, encode_forward_backward_output(outputs, {"loss:sum": loss}))
 
 
 def _raise(exc: Exception) -> Result:
