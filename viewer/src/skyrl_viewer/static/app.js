@@ -143,7 +143,7 @@ function drawPanels(box, wanted, lastStep) {
     let div = $(`chart-${panel.id}`);
     if (!div) box.append((div = el("div", { class: "chart", id: `chart-${panel.id}` })));
     const layout = {
-      title: { text: panel.title, font: { size: 14 } }, margin: { l: 55, r: 15, t: 36, b: 30 },
+      title: { text: panel.title, font: { size: 14 }, x: 0.02, xanchor: "left" }, margin: { l: 55, r: 15, t: 36, b: 30 },
       hovermode: "x unified", xaxis: { dtick: lastStep <= 12 ? 1 : null },
       showlegend: true, legend: { orientation: "h", y: -0.12 }, uirevision: panel.id,
     };
