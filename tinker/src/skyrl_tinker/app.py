@@ -38,7 +38,7 @@ from skyrl_tinker.wire import (
 log = logging.getLogger(__name__)
 
 API = "/api/v1"
-POLL_SECONDS = 25.0  # a retrieve_future long-poll; the client's own timeout is 45 s
+POLL_SECONDS = 40.0  # a retrieve_future long-poll (the client times out at 45 s and logs every try_again)
 UNSUPPORTED = {
     "copy_weights": "copying weights between projects",
     "create_custom_loss": "server-side custom losses (forward_backward_custom runs client-side)",
