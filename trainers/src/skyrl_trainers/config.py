@@ -132,7 +132,7 @@ class FSDPGRPOConfig(BaseModel):
     # outputs
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
     export: bool = Field(True, description="Save the final policy as a Hugging Face folder (run_dir/export).")
-    samples_per_step: int = Field(4, ge=0, description="Trajectories per step written to samples.jsonl.")
+    samples_per_step: int = Field(4, ge=0, description="Root episodes per step written to samples.jsonl, each with its child episodes.")
 
     @model_validator(mode="after")
     def _off_sync_needs_correction(self) -> FSDPGRPOConfig:
