@@ -80,6 +80,20 @@ def test_bad_forward_backward_is_a_4xx(http, model_id, case, status, needle):
     assert needle in response.json()["detail"]
 
 
+def test_json_bodies_are_accepted_too(http, model_id):
+    """Older clients post JSON to forward_backward and forward; results are protobuf either way."""
+    from tinker.proto.response_conv import deserialize_forward_backward_output
+
+    body = _fb(model_id, [1, 2, 3], {"target_tokens": _tensor([2, 3, 4]), "weights": _tensor([0.0, 1.0, 1.0], "float32")})
+    for path in ("/forward_backward", "/forward"):
+        queued = http.post(path, json=body)
+        assert queued.status_code == 200, queued.text
+        result = http.post("/retrieve_future", json={"request_id": queued.json()["request_id"]})
+        assert result.headers["content-type"] == "application/x-protobuf"
+        out = deserialize_forward_backward_output(result.content)
+        assert out.loss_fn_outputs[0]["elementwise_loss"].data[0] == 0.0 and out.metrics["loss:sum"] > 0
+
+
 def test_bad_binary_bodies_and_unsupported_endpoints(http, model_id, monkeypatch):
     garbage = http.post("/forward_backward", content=b"\x00\xffnot-protobuf",
                         headers={"content-type": "application/x-protobuf"})
