@@ -11,6 +11,7 @@ save...) runs, and so on until the queue is empty.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from skyrl_tinker.backend import Backend
 from skyrl_tinker.futures import Future, FutureStore, Result
 from skyrl_tinker.wire import ForwardBackwardIn, encode_forward_backward_output
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,8 +116,11 @@ class TrainWorker:
 
     def _run_one(self, job: Job) -> None:
         assert job.run is not None
-        if job.future is None:
-            job.run(self.backend)
+        if job.future is None:  # internal work (reaping, ``call``): a failure is logged, the worker goes on
+            try:
+                job.run(self.backend)
+            except Exception:
+                log.exception("internal training-worker job failed")
         else:
             self.futures.run(job.future, lambda: job.run(self.backend))
 
