@@ -6,6 +6,8 @@ import importlib.util
 import statistics
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "tinker" / "examples"
 
 
@@ -25,3 +27,17 @@ def test_sl_example_learns(service_client, capsys):
 def test_rl_example_reward_rises(service_client):
     history = _load("rl_loop").train(service_client, "tiny-random", steps=20, group=8, max_tokens=8, lr=1e-2)
     assert statistics.fmean(history[-5:]) > statistics.fmean(history[:5]) + 0.3, history
+
+
+def test_rl_example_takes_rewards_from_an_env(service_client):
+    pytest.importorskip("skyrl_reverse_text")
+    from skyrl_trainers.models import load_tokenizer
+
+    rl = _load("rl_loop")
+    tokenizer = load_tokenizer("tiny-random")
+    task = rl.EnvTask(tokenizer, "reverse_text", n_prompts=2)
+    text = task.tasks[0]["text"]
+    right = tokenizer.encode(f"<answer>{text[::-1]}</answer>", add_special_tokens=False)
+    assert task.reward(0, right) == 1.0 and task.reward(0, tokenizer.encode("no tags")) == 0.0
+    history = rl.train(service_client, "tiny-random", steps=1, group=2, max_tokens=4, lr=1e-2, env="reverse_text")
+    assert len(history) == 1

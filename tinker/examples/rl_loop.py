@@ -1,13 +1,17 @@
 """GRPO through the Tinker client: sample -> reward -> group-relative advantages -> importance_sampling.
 
-The task is one ``tiny-random`` can learn in a few dozen steps: every completion is rewarded by the
-share of its tokens that contain the letter ``a``. Each step the current weights are saved for
-sampling, ``--group`` completions are drawn per prompt, each completion's advantage is its reward
-minus its group's mean (over the group's std), and one ``forward_backward`` with the
-``importance_sampling`` loss (sampler logprobs as the reference) plus one ``optim_step`` follows.
+The default task is one ``tiny-random`` can learn in a few dozen steps: every completion is rewarded
+by the share of its tokens that contain the letter ``a``. With ``--env ID`` the prompts and rewards
+come from one of our environments instead (its built-in dataset; one turn per episode; the reward is
+the env's own ``step`` reward), e.g. ``--env reverse_text`` (needs a real model such as
+``smollm2-135m`` to learn). Each step the current weights are saved for sampling, ``--group``
+completions are drawn per prompt, each completion's advantage is its reward minus its group's mean
+(over the group's std), and one ``forward_backward`` with the ``importance_sampling`` loss (sampler
+logprobs as the reference) plus one ``optim_step`` follows.
 
     python tinker/examples/rl_loop.py                      # starts a server in this process
     python tinker/examples/rl_loop.py --base-url http://127.0.0.1:8000   # or use a running one
+    python tinker/examples/rl_loop.py --env reverse_text --base-model smollm2-135m
 """
 
 from __future__ import annotations
@@ -21,29 +25,54 @@ from tinker import types
 PROMPTS = ["Say something:", "Write a word.", "Go on", "Tell me", "Reply:", "Next", "Hello", "Start here"]
 
 
-def reward(tokenizer, tokens: list[int]) -> float:
-    """Share of the completion's tokens whose text contains an ``a``."""
-    if not tokens:
-        return 0.0
-    return sum("a" in tokenizer.decode([t]) for t in tokens) / len(tokens)
+class LetterTask:
+    """Reward: the share of the completion's tokens whose text contains an ``a``."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.messages = [[{"role": "user", "content": p}] for p in PROMPTS]
+
+    def reward(self, index: int, tokens: list[int]) -> float:
+        if not tokens:
+            return 0.0
+        return sum("a" in self.tokenizer.decode([t]) for t in tokens) / len(tokens)
+
+
+class EnvTask:
+    """Prompts and rewards from a skyrl environment: one episode per completion, one turn."""
+
+    def __init__(self, tokenizer, env_id: str, n_prompts: int = len(PROMPTS)) -> None:
+        from skyrl_core.factory import env_class, make_env
+
+        self.tokenizer = tokenizer
+        self.env_id = env_id
+        self.tasks = list(env_class(env_id).load_dataset("train"))[:n_prompts]
+        self.messages = [make_env(env_id, task, {"max_turns": 1}).reset()[0] for task in self.tasks]
+
+    def reward(self, index: int, tokens: list[int]) -> float:
+        from skyrl_core.factory import make_env
+
+        env = make_env(self.env_id, self.tasks[index], {"max_turns": 1})
+        env.reset()
+        return float(env.step(self.tokenizer.decode(tokens, skip_special_tokens=True)).reward)
 
 
 def train(service: tinker.ServiceClient, base_model: str, steps: int, group: int, max_tokens: int,
-          lr: float, seed: int = 0) -> list[float]:
+          lr: float, seed: int = 0, env: str | None = None) -> list[float]:
     client = service.create_lora_training_client(base_model=base_model, rank=8, seed=seed).result()
     tokenizer = client.get_tokenizer()
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                              add_generation_prompt=True), add_special_tokens=False)
-               for p in PROMPTS]
+    task = EnvTask(tokenizer, env) if env else LetterTask(tokenizer)
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                                add_special_tokens=False) for m in task.messages]
     params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
     history = []
     for step in range(steps):
         sampler = client.save_weights_and_get_sampling_client().result()
         results = [sampler.sample(types.ModelInput.from_ints(p), group, params) for p in prompts]
         data, rewards = [], []
-        for prompt, result in zip(prompts, results, strict=True):
+        for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
             sequences = result.result().sequences
-            scores = [reward(tokenizer, list(s.tokens)) for s in sequences]
+            scores = [task.reward(index, list(s.tokens)) for s in sequences]
             rewards += scores
             mean, std = statistics.fmean(scores), statistics.pstdev(scores)
             for seq, score in zip(sequences, scores, strict=True):
@@ -69,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", help="a running skyrl-tinker server; default: start one in this process")
     parser.add_argument("--base-model", default="tiny-random")
+    parser.add_argument("--env", help="an installed skyrl env id (e.g. reverse_text); default: the letter task")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=8)
@@ -83,7 +113,7 @@ def main() -> None:
         args.base_url = server.url
     service = tinker.ServiceClient(base_url=args.base_url, api_key="tml-local")
     try:
-        history = train(service, args.base_model, args.steps, args.group, args.max_tokens, args.lr)
+        history = train(service, args.base_model, args.steps, args.group, args.max_tokens, args.lr, env=args.env)
         first, last = statistics.fmean(history[:5]), statistics.fmean(history[-5:])
         print(f"reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
     finally:
