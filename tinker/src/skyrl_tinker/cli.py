@@ -32,7 +32,8 @@ def serve(
     config = ServerConfig(base_model=base_model, device=device, checkpoint_dir=checkpoint_dir,
                           session_timeout=session_timeout, max_batch_datums=max_batch_datums, api_key=api_key)
     typer.echo(f"skyrl-tinker: serving {base_model} on http://{host}:{port} (checkpoints in {checkpoint_dir})")
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+    # long-polls (40 s) must not hold up Ctrl-C
+    uvicorn.run(create_app(config), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 
 def build_app() -> typer.Typer:

@@ -29,7 +29,8 @@ class LocalServer:
         self.app = create_app(self.config)
         self.service = self.app.state.service
         self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                     timeout_graceful_shutdown=5))
         self._thread = threading.Thread(target=self._server.run, name="tinker-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + start_timeout
