@@ -134,7 +134,8 @@ def test_bad_sample_requests(http, model_id):
     assert sample(prompt={"chunks": [{"type": "encoded_text", "tokens": [1, 10**6]}]}).status_code == 400
     assert sample(num_samples=0).status_code == 400
     assert sample(sampling_params={"max_tokens": 2, "top_p": 0.0}).status_code == 400
-    assert "top-k prompt logprobs" in sample(topk_prompt_logprobs=3).json()["detail"]
+    assert "top-k sample logprobs" in sample(topk_sample_logprobs=3).json()["detail"]
+    assert sample(topk_prompt_logprobs=1000).status_code == 400
     assert sample(sampling_session_id="nope").status_code == 404
     ok = sample()
     assert ok.status_code == 200 and len(ok.json()["sample_sequence_ids"]) == 1

@@ -48,6 +48,25 @@ def test_sampled_logprobs_equal_compute_logprobs(service_client):
     assert all(len(s.tokens) >= 1 for s in top.sequences)
 
 
+def test_top_k_prompt_logprobs(service_client):
+    sampler = service_client.create_sampling_client(base_model="tiny-random").result()
+    out = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1),
+                         include_prompt_logprobs=True, topk_prompt_logprobs=4).result()
+    topk, scored = out.topk_prompt_logprobs, out.prompt_logprobs
+    assert topk[0] is None and scored[0] is None and len(topk) == len(PROMPT)
+    for position in range(1, len(PROMPT)):
+        row = topk[position]
+        assert len(row) == 4 and [lp for _, lp in row] == sorted((lp for _, lp in row), reverse=True)
+        assert row[0][1] >= scored[position] - 1e-6
+        for token, lp in row:
+            if token == PROMPT[position]:
+                assert lp == pytest.approx(scored[position], abs=1e-5)
+    last = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1),
+                          include_prompt_logprobs=True, topk_prompt_logprobs=2, prompt_logprobs_last_n=2).result()
+    assert last.prompt_logprobs[:3] == [None] * 3 and last.topk_prompt_logprobs[:3] == [None] * 3
+    assert all(row is not None for row in last.topk_prompt_logprobs[3:])
+
+
 def test_stop_token_ends_the_sample(service_client):
     client = service_client.create_lora_training_client(base_model="tiny-random", rank=4, seed=0).result()
     sampler = client.save_weights_and_get_sampling_client().result()

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from skyrl_core.engine import SamplingParams
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
@@ -28,7 +29,7 @@ from skyrl_trainers.models import load_model_and_tokenizer
 
 from skyrl_tinker.backend import LORA_ALPHA
 from skyrl_tinker.futures import Future, FutureStore
-from skyrl_tinker.wire import encode_sample_response
+from skyrl_tinker.wire import MASK_LOGPROB, encode_sample_response
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class SampleJob:
     params: SamplingParams
     prompt_logprobs: bool
     prompt_logprobs_last_n: int | None = None
+    topk_prompt_logprobs: int = 0
 
 
 class Sampler:
@@ -132,13 +134,16 @@ class Sampler:
     async def _run_job(self, job: SampleJob) -> None:
         try:
             sequences = await self._generate(job)
-            prompt_lp = None
-            if job.prompt_logprobs:
-                prompt_lp = await asyncio.to_thread(self.prompt_logprobs, job.prompt)
+            prompt_lp = topk = None
+            if job.prompt_logprobs or job.topk_prompt_logprobs:
+                prompt_lp, topk = await asyncio.to_thread(self.prompt_logprobs, job.prompt, job.topk_prompt_logprobs)
                 if job.prompt_logprobs_last_n is not None:
-                    keep = len(prompt_lp) - job.prompt_logprobs_last_n
-                    prompt_lp[:keep] = [math.nan] * keep
-            self.futures.finish(job.future, encode_sample_response(sequences, prompt_lp))
+                    unscored = len(prompt_lp) - job.prompt_logprobs_last_n
+                    prompt_lp[:unscored] = [math.nan] * unscored
+                    if topk is not None:
+                        topk[0][:unscored], topk[1][:unscored] = 0, MASK_LOGPROB
+            self.futures.finish(job.future, encode_sample_response(
+                sequences, prompt_lp if job.prompt_logprobs else None, topk))
         except ValueError as exc:
             self.futures.fail(job.future, str(exc), "user")
         except Exception as exc:  # reported to the client; the sampler goes on
@@ -169,10 +174,20 @@ class Sampler:
         self._loaded_key, self._loaded_names = weights.key, set(deltas)
 
     @torch.inference_mode()
-    def prompt_logprobs(self, prompt: list[int]) -> list[float]:
-        """``log p(prompt[t] | prompt[:t])`` under the loaded weights; NaN at position 0 (no context)."""
+    def prompt_logprobs(self, prompt: list[int], topk: int = 0
+                        ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
+        """``log p(prompt[t] | prompt[:t])`` under the loaded weights, NaN at position 0 (no context); and
+        with ``topk`` the ``[len(prompt), topk]`` most likely ids and their logprobs (row 0 masked)."""
         model = self.engine.model
         ids = torch.tensor([prompt], device=self.engine.device)
-        logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        return [math.nan, *logp.tolist()]
+        log_probs = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0, :-1].float(), dim=-1)
+        logp = log_probs.gather(-1, ids[0, 1:, None]).squeeze(-1)
+        top = None
+        if topk:
+            values, indices = log_probs.topk(min(topk, log_probs.shape[-1]), dim=-1)
+            top_ids = np.zeros((len(prompt), topk), np.int32)
+            top_lps = np.full((len(prompt), topk), MASK_LOGPROB, np.float32)
+            top_ids[1:, :indices.shape[1]] = indices.cpu().numpy()
+            top_lps[1:, :values.shape[1]] = values.cpu().numpy()
+            top = (top_ids, top_lps)
+        return [math.nan, *logp.tolist()], top

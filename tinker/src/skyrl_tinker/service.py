@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 MAX_NUM_SAMPLES = 128
 DEFAULT_MAX_TOKENS = 256
 FUTURE_TTL = 3600.0  # seconds a finished result stays retrievable
-UNSUPPORTED_SAMPLE_FIELDS = {"topk_prompt_logprobs": "top-k prompt logprobs",
-                             "topk_sample_logprobs": "top-k sample logprobs",
+MAX_TOPK = 64
+UNSUPPORTED_SAMPLE_FIELDS = {"topk_sample_logprobs": "top-k sample logprobs",
                              "target_prompt_logprobs": "target prompt logprobs",
                              "prompt_alt_tokens_k": "prompt alternative tokens"}
 
@@ -362,9 +362,12 @@ class TinkerService:
         last_n = body.get("prompt_logprobs_last_n")
         if last_n is not None and not 1 <= int(last_n) <= len(prompt) - 1:
             raise RequestError(400, f"prompt_logprobs_last_n must be between 1 and {len(prompt) - 1}")
+        topk = int(body.get("topk_prompt_logprobs") or 0)
+        if not 0 <= topk <= MAX_TOPK:
+            raise RequestError(400, f"topk_prompt_logprobs must be between 0 and {MAX_TOPK}, got {topk}")
         future = self.futures.create("sample", sampling.session_id)
         self.sampler.submit(SampleJob(future, sampling.weights, prompt, n, params, bool(body.get("prompt_logprobs")),
-                                      None if last_n is None else int(last_n)))
+                                      None if last_n is None else int(last_n), topk))
         return future, [f"{future.request_id}:{i}" for i in range(n)]
 
     # --- sessions --------------------------------------------------------------------------------

@@ -19,13 +19,14 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 _PACKAGE = "skyrl_tinker.wire"
 # descriptor_pb2.FieldDescriptorProto types and labels used below
-_DOUBLE, _INT64, _INT32, _BOOL, _STRING, _MESSAGE, _BYTES = 1, 3, 5, 8, 9, 11, 12
+_DOUBLE, _INT64, _INT32, _BOOL, _STRING, _MESSAGE, _BYTES, _UINT32 = 1, 3, 5, 8, 9, 11, 12, 13
 _OPTIONAL, _REPEATED = 1, 3
 
 # proto DType enum values
 DTYPE_FLOAT32, DTYPE_INT64, DTYPE_INT32 = 1, 2, 3
 _NUMPY_OF_DTYPE = {DTYPE_FLOAT32: np.float32, DTYPE_INT64: np.int64, DTYPE_INT32: np.int32}
 STOP_REASON = {"stop": 0, "length": 1}
+MASK_LOGPROB = -99999.0  # an empty top-k cell (with token id 0), as the client reads it
 # A compressed body may not expand past this (a zip bomb is a bad request, not an out-of-memory crash).
 MAX_DECOMPRESSED_BYTES = 512 * 1024 * 1024
 
@@ -56,8 +57,11 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
                               ("loss_fn_outputs", 2, _MESSAGE, _REPEATED, "ArrayRecord")],
     "SampledSequence": [("stop_reason", 1, _INT32, _OPTIONAL, ""), ("tokens", 2, _BYTES, _OPTIONAL, ""),
                         ("logprobs", 3, _BYTES, _OPTIONAL, "")],
+    "TopkLogprobs": [("token_ids", 1, _BYTES, _OPTIONAL, ""), ("logprobs", 2, _BYTES, _OPTIONAL, ""),
+                     ("k", 3, _UINT32, _OPTIONAL, ""), ("length", 4, _UINT32, _OPTIONAL, "")],
     "SampleResponse": [("sequences", 1, _MESSAGE, _REPEATED, "SampledSequence"),
-                       ("prompt_logprobs", 2, _BYTES, _OPTIONAL, "")],
+                       ("prompt_logprobs", 2, _BYTES, _OPTIONAL, ""),
+                       ("topk_prompt_logprobs", 3, _MESSAGE, _OPTIONAL, "TopkLogprobs")],
 }
 # map fields: (message, field, number, value type, value message type)
 _MAPS = [
@@ -227,12 +231,19 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]], 
 
 
 def encode_sample_response(sequences: Sequence[tuple[str, Sequence[int], Sequence[float]]],
-                           prompt_logprobs: Sequence[float] | None = None) -> bytes:
-    """``(stop_reason, tokens, logprobs)`` per sample; prompt logprobs with NaN where none (position 0)."""
+                           prompt_logprobs: Sequence[float] | None = None,
+                           prompt_topk: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
+    """``(stop_reason, tokens, logprobs)`` per sample; prompt logprobs with NaN where none (position 0);
+    top-k prompt logprobs as ``(token ids, logprobs)``, both ``[len(prompt), k]``, empty rows masked."""
     msg = _CLASSES["SampleResponse"]()
     for stop_reason, tokens, logprobs in sequences:
         msg.sequences.add(stop_reason=STOP_REASON[stop_reason], tokens=np.asarray(tokens, np.int32).tobytes(),
                           logprobs=np.asarray(logprobs, np.float32).tobytes())
     if prompt_logprobs is not None:
         msg.prompt_logprobs = np.asarray(prompt_logprobs, np.float32).tobytes()
+    if prompt_topk is not None:
+        ids, lps = prompt_topk
+        msg.topk_prompt_logprobs.token_ids = np.ascontiguousarray(ids, np.int32).tobytes()
+        msg.topk_prompt_logprobs.logprobs = np.ascontiguousarray(lps, np.float32).tobytes()
+        msg.topk_prompt_logprobs.length, msg.topk_prompt_logprobs.k = ids.shape
     return msg.SerializeToString()
