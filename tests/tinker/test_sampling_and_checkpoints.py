@@ -108,6 +108,11 @@ def test_checkpoints_survive_a_restart(tmp_path):
         rest = tinker.RestClient(base_url=second.url, api_key="tml-skyrl-test")
         listed = rest.list_checkpoints(run_id).result().checkpoints
         assert {c.tinker_path for c in listed} == {state_path, sampler_path}
+        run = rest.get_training_run(run_id).result()
+        assert run.base_model == "tiny-random" and run.lora_rank == 4
+        assert run.last_checkpoint.tinker_path == state_path
+        assert run_id in [r.training_run_id for r in rest.list_training_runs().result().training_runs]
+        assert rest.get_weights_info_by_tinker_path(state_path).result().lora_rank == 4
         after = service.create_sampling_client(model_path=sampler_path).result().sample(
             types.ModelInput.from_ints(PROMPT), 2, params).result()
         assert [s.tokens for s in after.sequences] == [s.tokens for s in before.sequences]
