@@ -121,6 +121,8 @@ def test_checkpoints_survive_a_restart(tmp_path):
         resumed = service.create_training_client_from_state_with_optimizer(state_path).result()
         assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(loss_before, rel=1e-6)
         _train(resumed, steps=1)  # the restored optimizer state steps on
+        rest.delete_checkpoint(run_id, "sampler_weights/step3").result()
+        assert [c.tinker_path for c in rest.list_checkpoints(run_id).result().checkpoints] == [state_path]
         service.close("success")
     finally:
         second.stop()
