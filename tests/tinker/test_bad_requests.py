@@ -139,6 +139,12 @@ def test_bad_sample_requests(http, model_id):
     assert sample(sampling_session_id="nope").status_code == 404
     ok = sample()
     assert ok.status_code == 200 and len(ok.json()["sample_sequence_ids"]) == 1
+    # without a sampling session: the base model by name, or a checkpoint path
+    no_session = sample(sampling_session_id=None, base_model="tiny-random")
+    assert no_session.status_code == 200
+    result = http.post("/retrieve_future", json={"request_id": no_session.json()["request_id"]})
+    assert result.headers["content-type"] == "application/x-protobuf"
+    assert sample(sampling_session_id=None, model_path="tinker://nope/sampler_weights/x").status_code == 404
     assert http.post("/create_sampling_session", json={"session_id": session, "sampling_session_seq_id": 1,
                                                        "base_model": "other/model"}).status_code == 400
 

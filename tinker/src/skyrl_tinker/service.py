@@ -316,12 +316,7 @@ class TinkerService:
         session = self._session(body["session_id"])
         model_path = body.get("model_path")
         if model_path:
-            path = self._path(model_path)
-            try:
-                state, meta, _ = self.checkpoints.load(path)
-            except CheckpointError as exc:
-                raise RequestError(404, str(exc)) from None
-            weights = SamplerWeights(str(path), state, int(meta["lora"]["rank"]))
+            weights = self._checkpoint_weights(model_path)
         else:
             self._check_base(body.get("base_model"))
             weights = self.base_weights
@@ -329,6 +324,14 @@ class TinkerService:
         self.sampling[sampling_id] = SamplingSession(sampling_id, session.session_id, weights, model_path)
         session.samplers.add(sampling_id)
         return {"type": "create_sampling_session", "sampling_session_id": sampling_id}
+
+    def _checkpoint_weights(self, model_path: str) -> SamplerWeights:
+        path = self._path(model_path)
+        try:
+            state, meta, _ = self.checkpoints.load(path)
+        except CheckpointError as exc:
+            raise RequestError(404, str(exc)) from None
+        return SamplerWeights(str(path), state, int(meta["lora"]["rank"]))
 
     def sampler_info(self, sampling_id: str) -> dict[str, Any]:
         sampling = self._sampling(sampling_id)
@@ -342,10 +345,14 @@ class TinkerService:
         return sampling
 
     def asample(self, body: Mapping[str, Any]) -> tuple[Future, list[str]]:
-        if body.get("sampling_session_id") is None:
-            raise RequestError(400, "asample needs a sampling_session_id (create_sampling_session first); "
-                                    "sampling by model_path/base_model in the request is not supported")
-        sampling = self._sampling(body["sampling_session_id"])
+        if body.get("sampling_session_id") is not None:
+            sampling = self._sampling(body["sampling_session_id"])
+            weights, session_id = sampling.weights, sampling.session_id
+        elif body.get("model_path"):  # a one-off sample from a checkpoint, no sampling session
+            weights, session_id = self._checkpoint_weights(body["model_path"]), None
+        else:
+            self._check_base(body.get("base_model") or self.backend.base_model_name)
+            weights, session_id = self.base_weights, None
         for key, feature in UNSUPPORTED_SAMPLE_FIELDS.items():
             if body.get(key):
                 raise RequestError(400, f"{feature} ({key}) are not supported by skyrl-tinker")
@@ -365,8 +372,8 @@ class TinkerService:
         topk = int(body.get("topk_prompt_logprobs") or 0)
         if not 0 <= topk <= MAX_TOPK:
             raise RequestError(400, f"topk_prompt_logprobs must be between 0 and {MAX_TOPK}, got {topk}")
-        future = self.futures.create("sample", sampling.session_id)
-        self.sampler.submit(SampleJob(future, sampling.weights, prompt, n, params, bool(body.get("prompt_logprobs")),
+        future = self.futures.create("sample", session_id)
+        self.sampler.submit(SampleJob(future, weights, prompt, n, params, bool(body.get("prompt_logprobs")),
                                       None if last_n is None else int(last_n), topk))
         return future, [f"{future.request_id}:{i}" for i in range(n)]
 
