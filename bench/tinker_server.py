@@ -51,14 +51,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TINKER_TELEMETRY", "0")
 
+    import tinker
     from skyrl_core.engine import SamplingParams
     from skyrl_tinker.app import ServerConfig
     from skyrl_tinker.local import LocalServer
     from skyrl_tinker.wire import DatumIn
     from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
     from skyrl_trainers.models import load_model_and_tokenizer
-
-    import tinker
     from tinker import types
 
     rng = np.random.default_rng(0)

@@ -39,6 +39,8 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -e examples/reverse_text -e "plugins/sql[duckdb]" -e plugins/rlm_repl -e "trainers"
 # skyrl view (metrics, samples and RLM trees in the browser); [test] adds playwright, driven with the system chromium.
 "${pip[@]}" -e "viewer[test]"
+# skyrl-tinker: the Tinker API server (LoRA adapters through peft); [test] adds the official tinker client.
+"${pip[@]}" -e "./tinker[test]"
 # Search-R1 retrieval: the retrieval server, Search-R1 parquet files and dense retrieval (faiss-cpu; the pinned torch stays).
 "${pip[@]}" -e "plugins/search[server,parquet,dense]"
 # Harbor terminal tasks (pyarrow reads Parquet task datasets); the plugin needs Python 3.11+ (tomllib).

@@ -10,7 +10,6 @@ import time
 
 import httpx
 import pytest
-
 import tinker
 
 

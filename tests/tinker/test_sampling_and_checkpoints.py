@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import LocalServer
-
 import tinker
+from conftest import LocalServer
 from tinker import types
 
 PROMPT = [5, 17, 42, 99, 7]

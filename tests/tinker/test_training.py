@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from skyrl_trainers.algorithms.policy_losses import ppo_clip_loss
-
 from tinker import types
 
 RANK = 4
