@@ -22,10 +22,10 @@ def register_envs(register: Register) -> None:
         # 10 minutes on 2 CPU cores. Train on the evidence task with trainer.data_split=train.
         run_defaults={
             "env": {"max_turns": 2, "worked_example": True, "format_reward": {"block_runs": 0.1, "final_called": 0.1}},
-            "generator": {"n_samples_per_prompt": 4, "max_tokens_per_turn": 64, "temperature": 0.7},
+            "generator": {"n_samples_per_prompt": 8, "max_tokens_per_turn": 64, "temperature": 0.7},
             # In row order, every three steps cover the twelve task kinds once, so any three
             # consecutive steps are equally hard and their rewards compare.
-            "trainer": {"data_split": "starter", "shuffle": False, "steps": 21, "batch_size": 4, "lr": 2e-5},
+            "trainer": {"data_split": "starter", "shuffle": False, "steps": 12, "batch_size": 4, "lr": 2e-5},
         },
     ))
 
