@@ -3,6 +3,8 @@ seeds reproduce, and a checkpoint saved before a server restart samples identica
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tinker
@@ -125,3 +127,36 @@ def test_checkpoints_survive_a_restart(tmp_path):
         service.close("success")
     finally:
         second.stop()
+
+
+def test_concurrent_samples_complete_through_the_session_poller(server, service_client):
+    """The client runs one ``retrieve_futures`` poller per sampling client (the server's client config
+    turns it on): every sample enters the session's completion log, and payloads the client reports
+    as read are dropped from the server."""
+    client = service_client.create_lora_training_client(base_model="tiny-random", rank=4, seed=1).result()
+    sampler = client.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+    futures = [sampler.sample(types.ModelInput.from_ints(PROMPT + [i]), 1, params) for i in range(8)]
+    results = [f.result() for f in futures]
+    assert all(len(r.sequences[0].tokens) >= 1 for r in results)
+    logs = {target: log for target, log in server.service.futures._logs.items()}
+    (log,) = [log for target, log in logs.items() if target[0] == sampler._sampling_session_id]
+    assert log.cursor == 8  # all eight completions were logged for the poller, in completion order
+
+    def kept() -> int:
+        return sum(f.target is not None and f.target[0] == sampler._sampling_session_id
+                   for f in list(server.service.futures._futures.values()))
+
+    deadline = time.monotonic() + 30
+    while kept() and time.monotonic() < deadline:  # the poller reports read payloads on its next poll
+        time.sleep(0.05)
+    assert kept() == 0
+
+
+def test_retrieve_futures_answers_at_once_with_timeout_zero_and_names_an_unknown_session(server):
+    import httpx
+
+    with httpx.Client(base_url=server.url, headers={"X-API-Key": "tml-skyrl-test"}) as http:
+        unknown = http.post("/api/v1/retrieve_futures", json={
+            "target": {"type": "sampling_session", "sampling_session_id": "nope"}, "prev_cursor": 0, "timeout": 0})
+        assert unknown.status_code == 404 and "nope" in unknown.text

@@ -38,13 +38,13 @@ from skyrl_tinker.wire import (
 log = logging.getLogger(__name__)
 
 API = "/api/v1"
+RETRIEVE_FUTURES_POLL_SECONDS = 30.0  # the client's poller allows a retrieve_futures call 45 s
 POLL_SECONDS = 40.0  # a retrieve_future long-poll (the client times out at 45 s and logs every try_again)
 UNSUPPORTED = {
     "copy_weights": "copying weights between projects",
     "create_custom_loss": "server-side custom losses (forward_backward_custom runs client-side)",
     "save_weights_external": "external weight exports",
     "join_sampling_session": "joining sampling sessions",
-    "retrieve_futures": "session-wide future polling",
     "cancel_future": "cancelling sampling requests",
     "auth/token": "JWT authentication",
 }
@@ -123,7 +123,7 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
     async def client_config() -> dict[str, Any]:
         return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "proto_compress_fwdbwd": True,
                 "parallel_fwdbwd_chunks": False, "fwdbwd_max_chunk_len": config.max_batch_datums,
-                "sample_use_retrieve_futures": False, "custom_loss_server_side": False,
+                "sample_use_retrieve_futures": True, "custom_loss_server_side": False,
                 "sample_join_sampling_session": False}
 
     @app.post(f"{API}/client/dynamic_config")
@@ -218,6 +218,10 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
         return {"request_id": future.request_id, "sample_sequence_ids": sequence_ids}
 
     # --- futures ---------------------------------------------------------------------------------
+
+    @app.post(f"{API}/retrieve_futures")
+    async def retrieve_futures(request: Request) -> dict[str, Any]:
+        return await svc.retrieve_futures(await _json(request), RETRIEVE_FUTURES_POLL_SECONDS)
 
     @app.post(f"{API}/retrieve_future")
     async def retrieve_future(request: Request) -> Response:

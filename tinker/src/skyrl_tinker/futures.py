@@ -3,6 +3,11 @@
 Results are protobuf bytes (``forward_backward`` and ``asample``, the two types the client reads only
 as protobuf) or JSON objects. Worker threads finish futures; the HTTP handlers wait on them with
 asyncio events set through the event loop, so a long poll holds no thread.
+
+Samples of a sampling session also enter that session's completion log (:class:`CompletionLog`):
+the client's one poller per sampling client long-polls ``retrieve_futures`` for which requests
+finished since its cursor, instead of one ``retrieve_future`` long poll per request, then fetches
+each payload once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,22 @@ class Future:
     error: str | None = None
     category: str = "user"
     waiters: list[asyncio.Event] = field(default_factory=list)
+    target: Target | None = None  # the sampling session (and clone) whose completion log it enters
+
+
+Target = tuple[str, int]  # (sampling_session_id, cloned_sampler_id)
+
+
+@dataclass
+class CompletionLog:
+    """Finished requests of one sampling target in completion order; ``cursor`` counts them.
+
+    Entries at or before the cursor a client sends back have been seen and are trimmed.
+    """
+
+    entries: list[tuple[int, Future]] = field(default_factory=list)
+    cursor: int = 0
+    waiters: list[asyncio.Event] = field(default_factory=list)
 
 
 class FutureStore:
@@ -40,15 +61,18 @@ class FutureStore:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
+        self._logs: dict[Target, CompletionLog] = {}
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def create(self, kind: str, session_id: str | None = None) -> Future:
+    def create(self, kind: str, session_id: str | None = None, target: Target | None = None) -> Future:
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:12]}"
-        future = Future(request_id, session_id, kind)
+        future = Future(request_id, session_id, kind, target=target)
         with self._lock:
             self._futures[request_id] = future
+            if target is not None:
+                self._logs.setdefault(target, CompletionLog())
         return future
 
     def get(self, request_id: str) -> Future | None:
@@ -66,6 +90,11 @@ class FutureStore:
         with self._lock:
             future.result, future.error, future.category, future.done = result, error, category, True
             waiters, future.waiters = future.waiters, []
+            log = self._logs.get(future.target) if future.target is not None else None
+            if log is not None:
+                log.cursor += 1
+                log.entries.append((log.cursor, future))
+                waiters, log.waiters = waiters + log.waiters, []
         if self._loop is not None:
             for event in waiters:
                 self._loop.call_soon_threadsafe(event.set)
@@ -82,6 +111,37 @@ class FutureStore:
         except TimeoutError:
             pass
         return future.done
+
+    async def completions(self, target: Target, prev_cursor: int, timeout: float,
+                          retrieved: list[str]) -> tuple[list[Future], int]:
+        """Requests of ``target`` finished after ``prev_cursor`` and the new cursor, waiting up to
+        ``timeout`` seconds for one when there is none (0: answer at once). Entries up to
+        ``prev_cursor`` are trimmed, and the futures in ``retrieved`` (payloads the client has read)
+        are dropped."""
+        event = asyncio.Event()
+        with self._lock:
+            log = self._logs.setdefault(target, CompletionLog())  # polled before its first sample
+            log.entries = [(c, f) for c, f in log.entries if c > prev_cursor]
+            for request_id in retrieved:
+                future = self._futures.get(request_id)
+                if future is not None and future.target == target and future.done:
+                    del self._futures[request_id]
+            if not log.entries and timeout > 0:
+                log.waiters.append(event)
+        if not event.is_set() and timeout > 0 and not log.entries:
+            try:
+                await asyncio.wait_for(event.wait(), timeout)
+            except TimeoutError:
+                pass
+        with self._lock:
+            found = [f for c, f in log.entries if c > prev_cursor]
+            return found, max([c for c, _ in log.entries] + [prev_cursor])
+
+    def forget_sampling_session(self, sampling_session_id: str) -> None:
+        """Drop the completion logs of a sampling session (every clone)."""
+        with self._lock:
+            for target in [t for t in self._logs if t[0] == sampling_session_id]:
+                del self._logs[target]
 
     def prune(self, max_age: float, now: float | None = None) -> int:
         """Drop finished futures older than ``max_age`` seconds (a client retrieves a result within

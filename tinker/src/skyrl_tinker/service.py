@@ -338,6 +338,19 @@ class TinkerService:
         return {"sampler_id": sampling_id, "base_model": self.backend.base_model_name,
                 "model_path": sampling.model_path}
 
+    async def retrieve_futures(self, body: Mapping[str, Any], max_wait: float) -> dict[str, Any]:
+        """Completions of one sampling session since the client's cursor (see ``futures.CompletionLog``)."""
+        target = body.get("target") or {}
+        if target.get("type", "sampling_session") != "sampling_session":
+            raise RequestError(400, f"retrieve_futures polls sampling sessions only, not {target.get('type')!r}")
+        self._sampling(target.get("sampling_session_id"))
+        timeout = body.get("timeout")
+        wait = max_wait if timeout is None else max(0.0, min(float(timeout), max_wait))
+        found, cursor = await self.futures.completions(
+            (target["sampling_session_id"], int(target.get("cloned_sampler_id") or 0)),
+            int(body.get("prev_cursor") or 0), wait, [str(i) for i in body.get("retrieved_request_ids") or []])
+        return {"completions": [_completion(f) for f in found], "cursor": cursor}
+
     def _sampling(self, sampling_id: str | None) -> SamplingSession:
         sampling = self.sampling.get(sampling_id or "")
         if sampling is None:
@@ -345,9 +358,12 @@ class TinkerService:
         return sampling
 
     def asample(self, body: Mapping[str, Any]) -> tuple[Future, list[str]]:
+        target = None
         if body.get("sampling_session_id") is not None:
             sampling = self._sampling(body["sampling_session_id"])
             weights, session_id = sampling.weights, sampling.session_id
+            # the client numbers a cloned SamplingClient's requests from clone * 1e9
+            target = (body["sampling_session_id"], int(body.get("seq_id") or 0) // 1_000_000_000)
         elif body.get("model_path"):  # a one-off sample from a checkpoint, no sampling session
             weights, session_id = self._checkpoint_weights(body["model_path"]), None
         else:
@@ -372,7 +388,7 @@ class TinkerService:
         topk = int(body.get("topk_prompt_logprobs") or 0)
         if not 0 <= topk <= MAX_TOPK:
             raise RequestError(400, f"topk_prompt_logprobs must be between 0 and {MAX_TOPK}, got {topk}")
-        future = self.futures.create("sample", session_id)
+        future = self.futures.create("sample", session_id, target)
         self.sampler.submit(SampleJob(future, weights, prompt, n, params, bool(body.get("prompt_logprobs")),
                                       None if last_n is None else int(last_n), topk))
         return future, [f"{future.request_id}:{i}" for i in range(n)]
@@ -386,6 +402,7 @@ class TinkerService:
                 self.worker.submit(Job(None, model_id, run=partial(_drop, model_id)))
         for sampling_id in session.samplers:
             self.sampling.pop(sampling_id, None)
+            self.futures.forget_sampling_session(sampling_id)
         self.futures.forget_session(session.session_id)
 
     def reap(self) -> int:
@@ -430,3 +447,10 @@ def _sampling_params(raw: Mapping[str, Any], prompt_len: int, max_context: int |
 def _drop(model_id: str, backend: Backend) -> dict[str, Any]:
     backend.drop(model_id)
     return {}
+
+
+def _completion(future: Future) -> dict[str, Any]:
+    if future.error is not None:
+        return {"state": "failed", "request_id": future.request_id}
+    size = len(future.result) if isinstance(future.result, bytes) else None
+    return {"state": "finished", "request_id": future.request_id, "response_payload_uncompressed_size": size}
