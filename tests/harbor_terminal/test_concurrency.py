@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 from harbor_helpers import bash, builtin_row, write_task
 from skyrl_harbor_terminal.env import HarborTerminalEnv
@@ -24,6 +25,13 @@ from skyrl_sandbox.docker_engine import owner_labels, shared_client
 
 SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
 PASS_SH = "#!/bin/bash\n[ -f /app/marker ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+
+
+def remove_image(tag: str) -> None:
+    try:
+        shared_client().images.remove(tag, force=True)
+    except docker.errors.ImageNotFound:
+        pass
 
 
 async def run_episodes(rows: list[dict[str, Any]], reply: str, **config: Any) -> list[tuple[Any, HarborTerminalEnv]]:
@@ -121,9 +129,15 @@ async def test_an_image_is_built_once_when_four_episodes_start_together(docker_b
         "environment/Dockerfile": "FROM skyrl-terminal-base:bookworm-1\nWORKDIR /app\nRUN echo layer > /app/layer\n",
         "tests/test.sh": PASS_SH}, base_only=False)
     tag = task_image_tag(load_task(row["task_path"]))
+    # The tag is a hash of the task's files, so an engine that outlives a test run (a reused CI machine) may
+    # already hold it: start without it, and leave nothing behind.
+    remove_image(tag)
     caplog.set_level(logging.DEBUG, logger="skyrl_harbor_terminal.provision")
-    outcomes = await run_episodes([row] * 4, bash("cat /app/layer && touch /app/marker", done=True),
-                                  backend=docker_backend, max_live_machines=4, build_logs=str(tmp_path / "logs"))
+    try:
+        outcomes = await run_episodes([row] * 4, bash("cat /app/layer && touch /app/marker", done=True),
+                                      backend=docker_backend, max_live_machines=4, build_logs=str(tmp_path / "logs"))
+    finally:
+        remove_image(tag)
     for result, _ in outcomes:
         assert "error" not in result.info, result.info["error"]
         assert result.reward == 1.0 and "layer" in result.observation[0]["content"]
