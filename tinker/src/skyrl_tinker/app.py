@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse, Response
 from skyrl_tinker.backend import Backend
 from skyrl_tinker.checkpoints import CheckpointStore
 from skyrl_tinker.futures import FutureStore
-from skyrl_tinker.sampler import Sampler
-from skyrl_tinker.service import RequestError, TinkerService
+from skyrl_tinker.sampler import Sampler, SamplerEngineKind, SamplingEngine, build_sampler_engine
+from skyrl_tinker.service import MAX_TOPK, RequestError, TinkerService
 from skyrl_tinker.sessions import SessionRegistry
 from skyrl_tinker.wire import (
     DatumIn,
@@ -59,13 +59,25 @@ class ServerConfig:
     max_batch_datums: int = 1024
     max_sample_batch: int = 64
     api_key: str | None = None  # when set, every request must carry it as X-API-Key
+    # hf: transformers on ``device``; vllm: vLLM on the first visible GPU (needs skyrl-trainers[vllm] and CUDA)
+    sampler_engine: SamplerEngineKind = "hf"
+    sampler_gpu_memory_utilization: float = 0.4  # vllm only: the share of the GPU vLLM reserves (rest: trainer)
 
 
-def build_service(config: ServerConfig) -> TinkerService:
+def build_service(config: ServerConfig, sampler_engine: SamplingEngine | None = None) -> TinkerService:
+    """The service for ``config``; ``sampler_engine`` replaces the engine ``config.sampler_engine`` names
+    (the service owns it from here on and closes it when it stops)."""
     futures = FutureStore()
-    backend = Backend(config.base_model, device=config.device, max_batch_datums=config.max_batch_datums)
-    sampler = Sampler(config.base_model, backend.base_linear_weights, futures, device=config.device,
-                      max_batch_size=config.max_sample_batch)
+    # the sampler's engine first: a missing vLLM or GPU is reported before the trainer's model loads
+    engine = sampler_engine or build_sampler_engine(
+        config.sampler_engine, config.base_model, device=config.device, max_batch_size=config.max_sample_batch,
+        gpu_memory_utilization=config.sampler_gpu_memory_utilization, max_logprobs=MAX_TOPK)
+    try:
+        backend = Backend(config.base_model, device=config.device, max_batch_datums=config.max_batch_datums)
+    except BaseException:
+        engine.close()
+        raise
+    sampler = Sampler(engine, backend.base_linear_weights, futures)
     return TinkerService(backend, sampler, CheckpointStore(Path(config.checkpoint_dir)),
                          SessionRegistry(config.session_timeout), futures)
 

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 import typer
 
 DEFAULT_PORT = 8000
+
+
+class SamplerEngine(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+SAMPLER_ENGINE_OPTION = typer.Option(
+    SamplerEngine.hf, "--sampler-engine", help="hf: transformers on --device; vllm: vLLM on the first visible GPU "
+    "(pip install 'skyrl-trainers\\[vllm]', Linux with CUDA).")
 
 
 def serve(
@@ -23,17 +35,33 @@ def serve(
     api_key: str | None = typer.Option(None, "--api-key", envvar="SKYRL_TINKER_API_KEY",
                                        help="Require this key (the client's api_key, starting with tml-) on "
                                        "every request. Default: no check."),
+    sampler_engine: SamplerEngine = SAMPLER_ENGINE_OPTION,
+    sampler_gpu_memory_utilization: float = typer.Option(
+        0.4, "--sampler-gpu-memory-utilization", min=0.05, max=0.95,
+        help="vllm only: the share of the GPU's memory vLLM reserves; the rest is left to the trainer."),
 ) -> None:
     """Serve the Tinker API for one base model; clients train LoRA adapters on it and sample from them."""
     import uvicorn
+    from skyrl_core.engine import EngineError
 
     from skyrl_tinker.app import ServerConfig, create_app
 
     config = ServerConfig(base_model=base_model, device=device, checkpoint_dir=checkpoint_dir,
-                          session_timeout=session_timeout, max_batch_datums=max_batch_datums, api_key=api_key)
-    typer.echo(f"skyrl-tinker: serving {base_model} on http://{host}:{port} (checkpoints in {checkpoint_dir})")
+                          session_timeout=session_timeout, max_batch_datums=max_batch_datums, api_key=api_key,
+                          sampler_engine=sampler_engine.value,
+                          sampler_gpu_memory_utilization=sampler_gpu_memory_utilization)
+    try:
+        app = create_app(config)
+    except EngineError as exc:  # e.g. --sampler-engine vllm without vLLM or a GPU: the reason, no traceback
+        typer.echo(f"skyrl-tinker: {exc}", err=True)
+        if sampler_engine is SamplerEngine.vllm:
+            typer.echo("skyrl-tinker: serve with --sampler-engine hf (the default) to sample with transformers.",
+                       err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"skyrl-tinker: serving {base_model} on http://{host}:{port} (checkpoints in {checkpoint_dir}, "
+               f"sampling with {sampler_engine.value})")
     # long-polls (40 s) must not hold up Ctrl-C
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 
 def build_app() -> typer.Typer:

@@ -14,19 +14,24 @@ import time
 from typing import Any
 
 from skyrl_tinker.app import ServerConfig, create_app
+from skyrl_tinker.service import TinkerService
 
 
 class LocalServer:
-    """The app on ``127.0.0.1:<free port>``; ``service`` is the live server object (for white-box checks)."""
+    """The app on ``127.0.0.1:<free port>``; ``service`` is the live server object (for white-box checks).
 
-    def __init__(self, config: ServerConfig | None = None, *, start_timeout: float = 120.0) -> None:
+    A ``service`` given is served instead of one built from ``config`` (see ``create_app``).
+    """
+
+    def __init__(self, config: ServerConfig | None = None, *, service: TinkerService | None = None,
+                 start_timeout: float = 120.0) -> None:
         import uvicorn
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.config = config or ServerConfig()
-        self.app = create_app(self.config)
+        self.app = create_app(self.config, service)
         self.service = self.app.state.service
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",

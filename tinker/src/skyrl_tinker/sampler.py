@@ -1,13 +1,17 @@
-"""Sampling through our ``hf`` engine, from the base model or from base + a LoRA adapter merged.
+"""Sampling through one of our engines (``hf``, or ``vllm`` on a GPU), from the base model or from
+base + a LoRA adapter merged.
 
 The engine holds one plain copy of the base model. A sampler keeps its adapter's small LoRA factors
 (taken when it was saved); before requests for it run, the engine's adapted linears are set to
-``base + (alpha / rank) B @ A`` through
-``HFEngine.update_weights`` (skipped when that sampler is already loaded). Requests for the loaded
-sampler start at once and decode together in the engine's batcher; a request for another sampler
-waits until those in flight are done, then the weights are swapped.
+``base + (alpha / rank) B @ A`` through the engine's ``update_weights`` (skipped when that sampler is
+already loaded). The tensors are keyed by the base model's Hugging Face parameter names
+(``model.layers.0.self_attn.q_proj.weight``): the ``hf`` engine copies them into its model; the
+``vllm`` engine hands them to vLLM's ``load_weights``, which reads checkpoint (= Hugging Face) names
+and maps them onto its fused layers (``qkv_proj``, ``gate_up_proj``). Requests for the loaded sampler
+start at once and decode together in the engine's batcher; a request for another sampler waits until
+those in flight are done, then the weights are swapped.
 Logprobs are the model's raw log-softmax (``logprobs_mode="raw"``) whatever the temperature, the
-same quantity :meth:`Sampler.prompt_logprobs` computes, so ``compute_logprobs`` on sampled tokens
+same quantity the engine's ``prompt_logprobs`` computes, so ``compute_logprobs`` on sampled tokens
 reproduces the logprobs returned with them.
 """
 
@@ -18,13 +22,15 @@ import contextlib
 import logging
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
-from skyrl_core.engine import SamplingParams
+from skyrl_core.engine import GenerateOutput, SamplingParams
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
+from skyrl_trainers.engines.vllm import VLLMEngine, VLLMEngineConfig
 from skyrl_trainers.models import load_model_and_tokenizer
 
 from skyrl_tinker.backend import LORA_ALPHA
@@ -67,14 +73,64 @@ class SampleJob:
     topk_prompt_logprobs: int = 0
 
 
-class Sampler:
-    """Owns the engine and a thread running its event loop."""
+class SamplingEngine(Protocol):
+    """What the sampler needs of an engine (``HFEngine`` and ``VLLMEngine`` both provide it)."""
 
-    def __init__(self, base_model: str, base_linear_weights: Mapping[str, torch.Tensor], futures: FutureStore,
-                 *, device: str = "cpu", max_batch_size: int = 64) -> None:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput: ...
+
+    async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None: ...
+
+    async def prompt_logprobs(self, prompt_ids: list[int], topk: int = 0
+                              ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]: ...
+
+    def close(self) -> None: ...
+
+
+SamplerEngineKind = Literal["hf", "vllm"]
+
+
+def vllm_sampler_config(base_model: str, *, gpu_memory_utilization: float, max_logprobs: int) -> VLLMEngineConfig:
+    """The ``vllm`` engine's settings for sampling beside the trainer (on the same GPU).
+
+    * ``logprobs_mode="raw"``: the logprobs of the unmodified model, as the ``hf`` sampler returns them
+      and as vLLM computes prompt logprobs, so ``compute_logprobs`` agrees with sampled logprobs.
+    * ``dtype="bfloat16"``: the dtype the trainer's model has on CUDA, so the sampler's logprobs are the
+      trainer's (vLLM's ``auto`` would turn a float32 checkpoint into float16).
+    * ``gpu_memory_utilization``: vLLM reserves that share of the GPU up front; the rest stays for the
+      trainer's model, adapters, optimizer states and activations.
+    * ``max_model_len=None``: the model's own context, the limit requests are validated against.
+    * ``max_logprobs``: vLLM refuses more prompt logprobs per token than this (its default is 20; the
+      Tinker API allows up to ``MAX_TOPK``).
+    * ``in_flight_updates="off"``: the sampler swaps weights only once the requests in flight are done.
+    * CUDA graphs stay on (no ``enforce_eager``): they make decoding small batches several times faster,
+      and loading weights copies into the same tensors, so the captured graphs stay valid.
+    * prefix caching stays on (samples of one prompt share it); each weight swap resets it.
+    """
+    return VLLMEngineConfig(model=base_model, dtype="bfloat16", logprobs_mode="raw",
+                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=None,
+                            in_flight_updates="off", extra_engine_args={"max_logprobs": max_logprobs})
+
+
+def build_sampler_engine(kind: SamplerEngineKind, base_model: str, *, device: str = "cpu", max_batch_size: int = 64,
+                         gpu_memory_utilization: float = 0.4, max_logprobs: int = 64) -> SamplingEngine:
+    """The sampling engine: ``hf`` (transformers on ``device``) or ``vllm`` (on the first visible GPU,
+    whatever ``device``; raises ``VLLMUnavailableError`` naming what is missing when vLLM or CUDA is)."""
+    if kind == "hf":
         model, tokenizer = load_model_and_tokenizer(base_model, device=device)
-        self.engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(
+        return HFEngine.from_model(model, tokenizer, HFEngineConfig(
             max_batch_size=max_batch_size, batch_wait_ms=2.0, logprobs_mode="raw"))
+    if kind == "vllm":
+        return VLLMEngine(vllm_sampler_config(base_model, gpu_memory_utilization=gpu_memory_utilization,
+                                              max_logprobs=max_logprobs))
+    raise ValueError(f"unknown sampler engine {kind!r}: use hf or vllm")
+
+
+class Sampler:
+    """Owns the engine (and closes it on :meth:`stop`) and a thread running the sampler's event loop."""
+
+    def __init__(self, engine: SamplingEngine, base_linear_weights: Mapping[str, torch.Tensor],
+                 futures: FutureStore) -> None:
+        self.engine = engine
         self.base = base_linear_weights
         self.futures = futures
         self._loaded_key = "base"
@@ -136,7 +192,7 @@ class Sampler:
             sequences = await self._generate(job)
             prompt_lp = topk = None
             if job.prompt_logprobs or job.topk_prompt_logprobs:
-                prompt_lp, topk = await asyncio.to_thread(self.prompt_logprobs, job.prompt, job.topk_prompt_logprobs)
+                prompt_lp, topk = await self.prompt_logprobs(job.prompt, job.topk_prompt_logprobs)
                 if job.prompt_logprobs_last_n is not None:
                     unscored = len(prompt_lp) - job.prompt_logprobs_last_n
                     prompt_lp[:unscored] = [math.nan] * unscored
@@ -173,21 +229,14 @@ class Sampler:
         await self.engine.update_weights(update)
         self._loaded_key, self._loaded_names = weights.key, set(deltas)
 
-    @torch.inference_mode()
-    def prompt_logprobs(self, prompt: list[int], topk: int = 0
-                        ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
+    async def prompt_logprobs(self, prompt: list[int], topk: int = 0
+                              ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
         """``log p(prompt[t] | prompt[:t])`` under the loaded weights, NaN at position 0 (no context); and
-        with ``topk`` the ``[len(prompt), topk]`` most likely ids and their logprobs (row 0 masked)."""
-        model = self.engine.model
-        ids = torch.tensor([prompt], device=self.engine.device)
-        log_probs = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0, :-1].float(), dim=-1)
-        logp = log_probs.gather(-1, ids[0, 1:, None]).squeeze(-1)
-        top = None
-        if topk:
-            values, indices = log_probs.topk(min(topk, log_probs.shape[-1]), dim=-1)
-            top_ids = np.zeros((len(prompt), topk), np.int32)
-            top_lps = np.full((len(prompt), topk), MASK_LOGPROB, np.float32)
-            top_ids[1:, :indices.shape[1]] = indices.cpu().numpy()
-            top_lps[1:, :values.shape[1]] = values.cpu().numpy()
-            top = (top_ids, top_lps)
-        return [math.nan, *logp.tolist()], top
+        with ``topk`` the ``[len(prompt), topk]`` most likely ids and their logprobs, empty cells (row 0,
+        or past the vocabulary) as the client reads them: id 0 and ``MASK_LOGPROB``."""
+        logprobs, top = await self.engine.prompt_logprobs(prompt, topk)
+        if top is None:
+            return logprobs, None
+        ids, lps = top
+        empty = ~np.isfinite(lps)
+        return logprobs, (np.where(empty, 0, ids).astype(np.int32), np.where(empty, MASK_LOGPROB, lps).astype(np.float32))

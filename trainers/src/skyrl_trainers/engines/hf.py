@@ -27,11 +27,13 @@ On a float32 CPU model the linear layers decode with weights packed for oneDNN
 from __future__ import annotations
 
 import inspect
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
@@ -176,6 +178,18 @@ class HFEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         return await self._batcher.submit(self._request(prompt_ids, params))
 
+    async def prompt_logprobs(self, prompt_ids: list[int], topk: int = 0
+                              ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
+        """``log p(prompt[t] | prompt[:t])`` of the model as is (raw, whatever ``logprobs_mode``), NaN at
+        ``t = 0``; with ``topk`` also the ``[len(prompt), topk]`` most likely ids (int64) and their
+        logprobs (float32), best first, row 0 (and columns past the vocabulary) padded with id 0 and ``-inf``.
+
+        One forward on the decode thread, between two decode steps (ordered with weight updates, without
+        waiting for the rows in flight).
+        """
+        prompt = self._check_prompt(prompt_ids)
+        return await self._batcher.run_between_steps(self._score_prompt, prompt, topk)
+
     async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Copy new weights into the model in place (see ``copy_named_tensors``): once the rows in flight
         are done, or between two decode steps with ``in_flight_updates`` keep/recompute."""
@@ -202,13 +216,32 @@ class HFEngine:
         finally:
             self.packed.refresh()  # mid-decode (an in-flight update): repack now, before the next step
 
-    def _request(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
+    def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
         if not prompt_ids:
             raise EngineError("hf engine: prompt_ids is empty")
         vocab = self.model.get_input_embeddings().num_embeddings
         bad = [i for i in prompt_ids if not 0 <= int(i) < vocab]
         if bad:
             raise EngineError(f"hf engine: prompt has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
+        return [int(i) for i in prompt_ids]
+
+    @torch.inference_mode()
+    def _score_prompt(self, prompt: list[int], topk: int) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
+        ids = torch.tensor([prompt], device=self.device)
+        log_probs = torch.log_softmax(self.model(input_ids=ids, use_cache=False).logits[0, :-1].float(), dim=-1)
+        logp = log_probs.gather(-1, ids[0, 1:, None]).squeeze(-1)
+        top = None
+        if topk:
+            values, indices = log_probs.topk(min(topk, log_probs.shape[-1]), dim=-1)
+            top_ids = np.zeros((len(prompt), topk), np.int64)
+            top_lps = np.full((len(prompt), topk), -np.inf, np.float32)
+            top_ids[1:, :indices.shape[1]] = indices.cpu().numpy()
+            top_lps[1:, :values.shape[1]] = values.cpu().numpy()
+            top = (top_ids, top_lps)
+        return [math.nan, *logp.tolist()], top
+
+    def _request(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
+        prompt_ids = self._check_prompt(prompt_ids)
         room = params.max_tokens
         if self.max_context is not None:
             room = min(room, self.max_context - len(prompt_ids))
@@ -218,7 +251,7 @@ class HFEngine:
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         row = RowParams(params.temperature, params.top_k, params.top_p, generator)
-        return _Request([int(i) for i in prompt_ids], params, row, room, self.eos_ids | set(params.stop_token_ids))
+        return _Request(prompt_ids, params, row, room, self.eos_ids | set(params.stop_token_ids))
 
     @torch.inference_mode()
     def _decode(self, requests: list[_Request], session: Session[_Request, GenerateOutput]) -> None:

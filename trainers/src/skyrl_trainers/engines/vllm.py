@@ -5,6 +5,8 @@ constructor raises :class:`VLLMUnavailableError` saying what is missing and what
 
 * Generation sends token ids (``TokensPrompt``) and asks for the sampled token's logprob only
   (``logprobs=0``); ``logprobs_mode`` picks raw or processed logprobs, as for the ``hf`` engine.
+* :meth:`VLLMEngine.prompt_logprobs` scores a prompt (each token's logprob given the ones before it,
+  and optionally the top-k) with one request of ``prompt_logprobs=k, max_tokens=1``.
 * Weight updates go through vLLM's ``collective_rpc`` to :class:`~.vllm_worker.WeightLoaderExtension`
   (installed as ``worker_extension_cls``), which calls the model's ``load_weights``; tensors travel in
   chunks of ``weight_chunk_mb``. The prefix cache is reset afterwards so no new request reuses KV
@@ -32,11 +34,13 @@ import asyncio
 import importlib.util
 import inspect
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams, StopReason
 
@@ -151,6 +155,20 @@ class VLLMEngine:
     async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         await self._submit(self._update_weights(named_tensors))
 
+    async def prompt_logprobs(self, prompt_ids: list[int], topk: int = 0
+                              ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
+        """``log p(prompt[t] | prompt[:t])`` of the model as is (vLLM computes prompt logprobs from the
+        raw logits, whatever ``logprobs_mode``), NaN at ``t = 0``; with ``topk`` also the
+        ``[len(prompt), topk]`` most likely ids (int64) and their logprobs (float32), best first, row 0
+        padded with id 0 and ``-inf`` (the same shapes as ``HFEngine.prompt_logprobs``).
+
+        One request with ``prompt_logprobs=max(topk, 1)`` and ``max_tokens=1`` (vLLM reads no prefix
+        cache for such a request, so the whole prompt is computed with the weights loaded now).
+        """
+        if not prompt_ids:
+            raise EngineError("vllm engine: prompt_ids is empty")
+        return await self._submit(self._prompt_logprobs([int(i) for i in prompt_ids], topk))
+
     async def sleep(self, level: int = 1) -> None:
         """Free GPU memory: level 1 offloads weights to CPU and drops the KV cache; level 2 drops both
         (the weights must then be reloaded with :meth:`update_weights` before generating again)."""
@@ -192,6 +210,18 @@ class VLLMEngine:
         return GenerateOutput(token_ids, logprobs if len(logprobs) == len(token_ids) else None, reason,
                               "".join(text), metadata={"weight_version": version}, weight_versions=versions)
 
+    async def _prompt_logprobs(self, prompt_ids: list[int], topk: int
+                               ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
+        final = None
+        async for output in self._llm.generate(self._prompt(prompt_ids), self._scoring(max(topk, 1)),
+                                               request_id=uuid.uuid4().hex):
+            final = output  # FINAL_ONLY: one output, carrying the prompt logprobs of every prefill chunk
+        scored = None if final is None else final.prompt_logprobs
+        if scored is None or len(scored) != len(prompt_ids):
+            raise EngineError(f"vllm engine: asked for the logprobs of a {len(prompt_ids)}-token prompt, got "
+                              f"{'none' if scored is None else len(scored)}")
+        return read_prompt_logprobs(prompt_ids, scored, topk)
+
     def _prompt(self, prompt_ids: list[int]) -> Any:
         from vllm.inputs import TokensPrompt
 
@@ -206,6 +236,15 @@ class VLLMEngine:
             top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None, include_stop_str_in_output=True,
             seed=params.seed, logprobs=0, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA)
+
+    def _scoring(self, num_logprobs: int) -> Any:
+        """A request that only scores its prompt. ``prompt_logprobs`` is at least 1: some vLLM versions
+        treat 0 as off; the top entries it adds are ignored when ``topk`` is 0."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VLLMSamplingParams(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=num_logprobs,
+                                  detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
 
     async def _update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         if "weights" in self.asleep:
@@ -232,6 +271,30 @@ class VLLMEngine:
 
     async def _submit(self, coro: Coroutine[Any, Any, T]) -> T:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+
+def read_prompt_logprobs(prompt_ids: list[int], scored: Any, topk: int
+                         ) -> tuple[list[float], tuple[np.ndarray, np.ndarray] | None]:
+    """``RequestOutput.prompt_logprobs`` as :meth:`VLLMEngine.prompt_logprobs` returns it.
+
+    ``scored`` is what vLLM returns (``PromptLogprobs`` in vllm/logprobs.py, filled by
+    vllm/v1/engine/logprobs.py): a sequence with one entry per prompt token, ``None`` for the first,
+    then ``{token_id: Logprob(logprob, rank, decoded_token)}`` holding the prompt token (with its rank
+    in the vocabulary) and the ``prompt_logprobs`` most likely tokens (ranks 1..k); the prompt token is
+    an extra entry only when it is not among them. Entries are taken by logprob, not by dict order.
+    """
+    n = len(prompt_ids)
+    logprobs = [math.nan]
+    top_ids = np.zeros((n, topk), np.int64)
+    top_lps = np.full((n, topk), -np.inf, np.float32)
+    for t in range(1, n):
+        entries = scored[t]
+        logprobs.append(float(entries[prompt_ids[t]].logprob))
+        if topk:
+            best = sorted(entries.items(), key=lambda item: item[1].logprob, reverse=True)[:topk]
+            top_ids[t, :len(best)] = [token for token, _ in best]
+            top_lps[t, :len(best)] = [entry.logprob for _, entry in best]
+    return logprobs, ((top_ids, top_lps) if topk else None)
 
 
 def chunk_named_tensors(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
