@@ -30,6 +30,12 @@ else:
             return tinker.ServiceClient(base_url=self.url, api_key="tml-skyrl-test")
 
 
+@pytest.fixture
+def new_server() -> type[LocalServer]:
+    """``new_server(checkpoint_dir)`` starts a server on tiny-random; the test stops it (for restarts)."""
+    return LocalServer
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_client(tmp_path_factory):
     mp = pytest.MonkeyPatch()

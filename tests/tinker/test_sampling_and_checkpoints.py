@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 import tinker
-from conftest import LocalServer
 from tinker import types
 
 PROMPT = [5, 17, 42, 99, 7]
@@ -86,8 +85,8 @@ def test_base_model_sampling_client(service_client):
     assert len(out.sequences[0].tokens) == 4
 
 
-def test_checkpoints_survive_a_restart(tmp_path):
-    first = LocalServer(tmp_path)
+def test_checkpoints_survive_a_restart(tmp_path, new_server):
+    first = new_server(tmp_path)
     service = first.client()
     client = service.create_lora_training_client(base_model="tiny-random", rank=4, seed=3).result()
     _train(client)
@@ -103,7 +102,7 @@ def test_checkpoints_survive_a_restart(tmp_path):
     service.close("success")
     first.stop()
 
-    second = LocalServer(tmp_path)
+    second = new_server(tmp_path)
     try:
         service = second.client()
         rest = tinker.RestClient(base_url=second.url, api_key="tml-skyrl-test")

@@ -8,7 +8,6 @@ by Playwright; where either is missing the browser tests skip, or fail under ``S
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from viewer_files import SKYRL
 
 HERE = Path(__file__).parent
-SKYRL = Path(sys.executable).with_name("skyrl")
 TINY_RUN = ["--trainer", "fsdp_grpo", "--model", "tiny-random", "trainer.steps=2", "trainer.batch_size=1",
             "generator.n_samples_per_prompt=2", "trainer.micro_batch_tokens=1024", "run.console=false"]
 REVERSE_TEXT = ["--env", "reverse_text", "generator.max_tokens_per_turn=6", "generator.max_total_tokens=12"]
@@ -57,10 +56,6 @@ def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         output, _ = job.communicate(timeout=300)
         assert job.returncode == 0, f"training run {name} failed:\n{output[-4000:]}"
     return {name: base / name for name in commands}
-
-
-def jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class Viewer:

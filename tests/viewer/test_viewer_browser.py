@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import SKYRL, jsonl
 from test_viewer_api import CHILD, SAMPLE, write_run
+from viewer_files import SKYRL, jsonl
 
 REWARD_POINTS = """(run) => document.getElementById('chart-reward').data
     .filter((t) => t.meta.kind === 'raw' && t.meta.run === run).map((t) => t.x.length)[0]"""
