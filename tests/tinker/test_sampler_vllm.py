@@ -35,6 +35,7 @@ from skyrl_trainers.engines.vllm import VLLMEngine, VLLMUnavailableError, read_p
 from skyrl_trainers.engines.vllm_worker import WeightLoaderExtension
 from skyrl_trainers.models import load_model_and_tokenizer
 from tinker import types
+from tinker_helpers import train_a_little
 
 PROMPT = [5, 17, 42, 99, 7, 23]
 HAS_VLLM_AND_CUDA = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
@@ -244,15 +245,6 @@ def test_top_k_prompt_logprobs_through_vllm(client):
         np.testing.assert_allclose([lp for _, lp in row], values[position - 1].numpy(), atol=1e-4)
 
 
-def _train(training_client, steps: int = 4) -> None:
-    tokens = list(range(20, 40))
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:]})
-    for _ in range(steps):
-        training_client.forward_backward([datum], "cross_entropy")
-        training_client.optim_step(types.AdamParams(learning_rate=2e-2)).result()
-
-
 def _trainer_logprobs(training_client, tokens: list[int]) -> np.ndarray:
     datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                         loss_fn_inputs={"target_tokens": tokens[1:]})
@@ -267,7 +259,7 @@ def test_a_lora_sampler_reaches_the_vllm_model_and_changes_what_it_samples(vllm_
     before = base.sample(types.ModelInput.from_ints(PROMPT), 1, greedy).result().sequences[0]
 
     trainer = client.create_lora_training_client(base_model="tiny-random", rank=4, seed=0).result()
-    _train(trainer)
+    train_a_little(trainer, 4, 2e-2)
     lora = trainer.save_weights_and_get_sampling_client().result()
     loads = len(llm.named.loaded)
     pauses = len(llm.pauses)

@@ -9,22 +9,14 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
+from tinker_helpers import train_a_little
 
 PROMPT = [5, 17, 42, 99, 7]
 
 
-def _train(client, steps: int = 3) -> None:
-    tokens = list(range(20, 40))
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:]})
-    for _ in range(steps):
-        client.forward_backward([datum], "cross_entropy")
-        client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-
-
 def test_sampled_logprobs_equal_compute_logprobs(service_client):
     client = service_client.create_lora_training_client(base_model="tiny-random", rank=4, seed=0).result()
-    _train(client)
+    train_a_little(client, 3, 1e-2)
     sampler = client.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=7)
     result = sampler.sample(types.ModelInput.from_ints(PROMPT), 3, params).result()
@@ -89,7 +81,7 @@ def test_checkpoints_survive_a_restart(tmp_path, new_server):
     first = new_server(tmp_path)
     service = first.client()
     client = service.create_lora_training_client(base_model="tiny-random", rank=4, seed=3).result()
-    _train(client)
+    train_a_little(client, 3, 1e-2)
     state_path = client.save_state("step3").result().path
     sampler_path = client.save_weights_for_sampler("step3").result().path
     params = types.SamplingParams(max_tokens=10, seed=11)
@@ -120,7 +112,7 @@ def test_checkpoints_survive_a_restart(tmp_path, new_server):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
         resumed = service.create_training_client_from_state_with_optimizer(state_path).result()
         assert resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(loss_before, rel=1e-6)
-        _train(resumed, steps=1)  # the restored optimizer state steps on
+        train_a_little(resumed, 1, 1e-2)  # the restored optimizer state steps on
         rest.delete_checkpoint(run_id, "sampler_weights/step3").result()
         assert [c.tinker_path for c in rest.list_checkpoints(run_id).result().checkpoints] == [state_path]
         service.close("success")
