@@ -53,6 +53,29 @@ def count_forwards(model):
     return calls
 
 
+async def test_requests_that_trickle_in_start_as_one_batch_when_each_arrival_restarts_the_wait(engine):
+    """Six requests 0.4 s apart (as a client's samples arrive one HTTP request at a time) with a 1 s wait:
+    a fixed window starts without the last ones; restarting the wait at each arrival gathers all six,
+    unless batch_wait_max_ms caps the whole wait first."""
+    prompts = chat_prompts(engine.tokenizer, 6)
+
+    async def first_batch(max_wait_ms: float) -> int:
+        trickled = HFEngine.from_model(engine.model, engine.tokenizer,
+                                       HFEngineConfig(batch_wait_ms=1000, batch_wait_max_ms=max_wait_ms))
+        calls = []
+        for prompt in prompts:
+            calls.append(asyncio.create_task(trickled.generate(prompt, GREEDY)))
+            await asyncio.sleep(0.4)
+        outputs = await asyncio.gather(*calls)
+        trickled.close()
+        assert all(len(o.token_ids) > 0 for o in outputs)
+        return trickled.batch_sizes[0]
+
+    assert await first_batch(max_wait_ms=60_000) == 6
+    assert await first_batch(max_wait_ms=1500) < 6  # capped: the arrivals at 1.6 s and 2 s come too late
+    assert await first_batch(max_wait_ms=0) < 6  # a fixed 1 s window from the first arrival
+
+
 async def test_sixteen_concurrent_requests_decode_as_one_batch_with_unbatched_results(engine):
     prompts = chat_prompts(engine.tokenizer, 16)
     alone = [await engine.generate(p, GREEDY) for p in prompts]

@@ -8,7 +8,8 @@ already loaded). The tensors are keyed by the base model's Hugging Face paramete
 (``model.layers.0.self_attn.q_proj.weight``): the ``hf`` engine copies them into its model; the
 ``vllm`` engine hands them to vLLM's ``load_weights``, which reads checkpoint (= Hugging Face) names
 and maps them onto its fused layers (``qkv_proj``, ``gate_up_proj``). Requests for the loaded sampler
-start at once and decode together in the engine's batcher; a request for another sampler waits until
+go to the engine as they come and decode together in its batcher (the ``hf`` engine gathers a burst of
+them before it starts); a request for another sampler waits until
 those in flight are done, then the weights are swapped.
 Logprobs are the model's raw log-softmax (``logprobs_mode="raw"``) whatever the temperature, the
 same quantity the engine's ``prompt_logprobs`` computes, so ``compute_logprobs`` on sampled tokens
@@ -117,8 +118,12 @@ def build_sampler_engine(kind: SamplerEngineKind, base_model: str, *, device: st
     whatever ``device``; raises ``VLLMUnavailableError`` naming what is missing when vLLM or CUDA is)."""
     if kind == "hf":
         model, tokenizer = load_model_and_tokenizer(base_model, device=device)
+        # A client's concurrent samples arrive a few ms apart (one HTTP request each): gather them while
+        # they keep coming (gaps under 10 ms, 250 ms at most) so they decode as one batch; rows joining a
+        # running batch one by one cost a prefill and a cache merge each (on smollm2-135m, 32 samples took
+        # 1.35 s that way against 1.05 s started together).
         return HFEngine.from_model(model, tokenizer, HFEngineConfig(
-            max_batch_size=max_batch_size, batch_wait_ms=2.0, logprobs_mode="raw"))
+            max_batch_size=max_batch_size, batch_wait_ms=10.0, batch_wait_max_ms=250.0, logprobs_mode="raw"))
     if kind == "vllm":
         return VLLMEngine(vllm_sampler_config(base_model, gpu_memory_utilization=gpu_memory_utilization,
                                               max_logprobs=max_logprobs))

@@ -1,7 +1,9 @@
 """Feed concurrent async requests to one worker thread that decodes them as a continuous batch.
 
 Callers on any event loop ``await submit(item)``. One worker thread runs ``decode(items, session)``
-with the requests waiting at that moment (after up to ``wait_s`` for more to arrive). Between decode
+with the requests waiting at that moment (after up to ``wait_s`` for more to arrive; with ``max_wait_s``
+above it, the wait restarts at each arrival, up to ``max_wait_s`` in all, so a burst that trickles in
+over HTTP starts as one batch instead of joining a running one request by request). Between decode
 steps the decoder may admit newly arrived requests with ``session.take(n)``, and it hands each
 finished request to ``session.deliver(item, result)`` straight away, so a short answer never waits
 for a long one. Work given to :meth:`ContinuousBatcher.run_exclusive` (weight updates) runs on the same
@@ -58,10 +60,11 @@ class ContinuousBatcher(Generic[Item, Result]):
     """
 
     def __init__(self, decode: Callable[[list[Item], Session[Item, Result]], None], *, max_batch_size: int,
-                 wait_s: float, name: str = "batcher") -> None:
+                 wait_s: float, max_wait_s: float = 0.0, name: str = "batcher") -> None:
         self.decode = decode
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
+        self.max_wait_s = max(wait_s, max_wait_s)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.batch_sizes: list[int] = []  # requests each decode started with
         self.joined = 0  # requests admitted into a batch that was already decoding
@@ -175,10 +178,13 @@ class ContinuousBatcher(Generic[Item, Result]):
                         self.executor.submit(self._drain)
                     return
                 items = self._take_locked(self.max_batch_size)
-                deadline = time.monotonic() + self.wait_s
+                start = time.monotonic()
+                deadline = start + self.wait_s
                 while len(items) < self.max_batch_size and not self._closed:
                     if self._inbox:
                         items += self._take_locked(self.max_batch_size - len(items))
+                        if self.max_wait_s > self.wait_s:  # a new arrival: wait again for the next one
+                            deadline = min(time.monotonic() + self.wait_s, start + self.max_wait_s)
                         continue
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not self._cond.wait(remaining):

@@ -54,6 +54,8 @@ class HFEngineConfig(BaseModel):
     dtype: str = Field("auto", description="float32, bfloat16, float16, or auto (bfloat16 on CUDA, else float32).")
     max_batch_size: int = Field(64, ge=1, description="Most requests decoded together in one batch.")
     batch_wait_ms: float = Field(5.0, ge=0, description="After a request arrives, wait this long for more to batch.")
+    batch_wait_max_ms: float = Field(0.0, ge=0, description="Above batch_wait_ms: each new arrival restarts the "
+                                     "wait, up to this long in all (for requests that trickle in, e.g. over HTTP).")
     logprobs_mode: LogprobMode = Field("processed", description="processed: under the sampling distribution "
                                        "(temperature, top-k, top-p); raw: of the unmodified model.")
     seed: int | None = Field(None, description="Seeds requests that bring no seed of their own.")
@@ -158,7 +160,7 @@ class HFEngine:
         self._seeds = random.Random(config.seed)
         self._batcher: ContinuousBatcher[_Request, GenerateOutput] = ContinuousBatcher(
             self._decode, max_batch_size=config.max_batch_size, wait_s=config.batch_wait_ms / 1000,
-            name="hf-engine")
+            max_wait_s=config.batch_wait_max_ms / 1000, name="hf-engine")
 
     @property
     def in_flight_updates(self) -> str:
