@@ -43,9 +43,10 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -e "./tinker[test]"
 # tinker-cookbook 0.5.8, whose own SL and RL training loops tests/tinker/test_cookbook.py runs against skyrl-tinker.
 # --no-deps: it pins transformers<=5.5.4 and we keep ours (the loops it runs work with it); 0.6.x needs
-# tml-renderers>=0.4.1, which PyPI does not have. Its missing dependencies come next: they only add packages.
-"${pip[@]}" --no-deps tinker-cookbook==0.5.8
+# tml-renderers>=0.4.1, which PyPI does not have. Its other dependencies go first (they only add packages), so pip
+# has no installed cookbook to report the transformers pin of.
 "${pip[@]}" aiohttp==3.14.5 blobfile==3.3.0 chz==0.4.0 pyrage==1.4.0 termcolor==3.3.0 tiktoken==0.14.0 tml-renderers==0.2.1 "pillow>=10"
+"${pip[@]}" --no-deps tinker-cookbook==0.5.8
 # Search-R1 retrieval: the retrieval server, Search-R1 parquet files and dense retrieval (faiss-cpu; the pinned torch stays).
 "${pip[@]}" -e "plugins/search[server,parquet,dense]"
 # Harbor terminal tasks (pyarrow reads Parquet task datasets); the plugin needs Python 3.11+ (tomllib).
