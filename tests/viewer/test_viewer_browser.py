@@ -145,6 +145,30 @@ def test_live_update_adds_a_point_when_a_metrics_line_is_written(trained_runs, t
     page.screenshot(path=str(artifacts / "live-update.png"), full_page=True)
 
 
+def test_live_update_adds_a_new_steps_tree(trained_runs, tmp_path, serve, page, artifacts):
+    folder = Path(shutil.copytree(trained_runs["rlm_tree"], tmp_path / "live-trees", ignore=shutil.ignore_patterns("checkpoints", "export")))
+    records = jsonl(folder / "samples.jsonl")
+    page.goto(serve(folder).url + "#trees")
+    page.wait_for_selector("#tree-list li[data-root-id]")
+    assert page.locator("#tree-list li[data-root-id]").count() == 2  # one root a step
+    # step 3: the first tree again under new ids (its samples, then the metrics line, as the trainer writes them)
+    root = records[0]
+    next_root = next(i for i, r in enumerate(records) if i and r["parent_id"] is None)
+    tree = records[:next_root]  # a root, then its descendants depth-first
+    renamed = {r["id"]: f"{r['id']}-step3" for r in tree}
+    with open(folder / "samples.jsonl", "a") as f:
+        for r in tree:
+            f.write(json.dumps({**r, "id": renamed[r["id"]], "parent_id": renamed.get(r["parent_id"]),
+                                "metrics": {**r["metrics"], "train_step": 3.0}}) + "\n")
+    with open(folder / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**jsonl(folder / "metrics.jsonl")[-1], "step": 3}) + "\n")
+    page.wait_for_selector(f"#tree-list li[data-root-id='{renamed[root['id']]}']", timeout=10_000)
+    assert page.locator("#tree-list li[data-root-id]").count() == 3
+    page.locator(f"#tree-list li[data-root-id='{renamed[root['id']]}']").click()
+    assert page.locator(".node[data-depth='1']").count() == 2 and page.locator(".node[data-depth='2']").count() == 2
+    page.screenshot(path=str(artifacts / "live-trees.png"), full_page=True)
+
+
 @pytest.mark.slow
 def test_export_opens_from_disk_without_network(trained_runs, tmp_path, page, artifacts):
     out = tmp_path / "export.html"

@@ -202,9 +202,10 @@ async function poll() {
   if (changed) {
     showNotices();
     renderMetrics();
-    if (state.view === "samples") {  // new steps' samples join the list; the open one stays
+    if (state.view !== "metrics") {  // new steps' samples and trees join the lists; the open one stays
       await loadSamples();
-      renderSamples();
+      if (state.view === "samples") renderSamples();
+      else renderTrees();
     }
   }
   setStatus(`live · ${new Date().toLocaleTimeString()}`);
