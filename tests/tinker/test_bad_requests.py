@@ -5,6 +5,9 @@ These are hand-built HTTP requests on purpose: the real client validates most of
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import pytest
 import zstandard
@@ -115,6 +118,7 @@ def test_bad_binary_bodies_and_unsupported_endpoints(http, model_id, monkeypatch
     assert http.post("/load_weights", json={"model_id": model_id, "path": "tinker://nope/weights/x",
                                             "optimizer": False}).status_code == 404
     assert http.post("/retrieve_future", json={"request_id": "nope"}).status_code == 404
+    assert http.post("/cancel_future", json={"request_id": "nope"}).status_code == 404
     assert http.post("/create_model", json={"session_id": "nope", "model_seq_id": 0, "base_model": "tiny-random",
                                             "lora_config": {"rank": 2}}).status_code == 404
     assert http.get("/healthz").json() == {"status": "ok"}
@@ -163,9 +167,35 @@ def test_a_silent_session_is_reaped(http, server):
     assert not service.worker.call(lambda backend: backend.has(created["model_id"]))
 
 
+def test_a_reaped_sessions_sampling_stops(http, server):
+    engine = server.service.sampler.engine
+    forwards = []
+    hook = engine.model.register_forward_hook(lambda *_: forwards.append(1))
+    eos_ids, engine.eos_ids = engine.eos_ids, frozenset()  # decode to max_tokens unless stopped
+    try:
+        session = http.post("/create_session", json={"tags": [], "sdk_version": "test"}).json()["session_id"]
+        sampling = http.post("/create_sampling_session", json={"session_id": session, "sampling_session_seq_id": 0,
+                                                               "base_model": "tiny-random"}).json()["sampling_session_id"]
+        http.post("/asample", json={"sampling_session_id": sampling, "seq_id": 0, "num_samples": 1,
+                                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+                                    "sampling_params": {"max_tokens": 1500, "temperature": 0.0}}).raise_for_status()
+        deadline = time.monotonic() + 60
+        while len(forwards) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.service.sessions.get(session).last_seen -= server.service.sessions.timeout + 1
+        assert server.service.reap() == 1
+        asyncio.run(engine.release_memory())  # runs once the engine's rows are all done
+        assert len(forwards) < 300, f"{len(forwards)} forwards: the reaped session's sample went on decoding"
+    finally:
+        engine.eos_ids = eos_ids
+        hook.remove()
+
+
 def test_old_results_are_pruned(http, model_id, server):
     future = server.service.futures.create("test")
     server.service.futures.finish(future, {"ok": True})
+    refused = http.post("/cancel_future", json={"request_id": future.request_id})
+    assert refused.status_code == 400 and "only sampling requests can be cancelled" in refused.json()["detail"]
     assert http.post("/retrieve_future", json={"request_id": future.request_id}).json() == {"ok": True}
     future.created -= 7200
     server.service.reap()

@@ -3,6 +3,7 @@ seeds reproduce, and a checkpoint saved before a server restart samples identica
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -142,6 +143,33 @@ def test_concurrent_samples_complete_through_the_session_poller(server, service_
     while kept() and time.monotonic() < deadline:  # the poller reports read payloads on its next poll
         time.sleep(0.05)
     assert kept() == 0
+
+
+def test_an_abandoned_sample_is_cancelled_on_the_server(server, service_client):
+    """The server's client config turns the client's cancel_future on: a sample future the caller
+    cancels fails on the server and its row stops decoding; sampling goes on."""
+    engine = server.service.sampler.engine
+    forwards = []
+    hook = engine.model.register_forward_hook(lambda *_: forwards.append(1))
+    eos_ids, engine.eos_ids = engine.eos_ids, frozenset()  # decode to max_tokens unless cancelled
+    sampler = service_client.create_sampling_client(base_model="tiny-random").result()
+    try:
+        future = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1500, temperature=0))
+        deadline = time.monotonic() + 60
+        while len(forwards) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (on_server,) = [f for f in list(server.service.futures._futures.values()) if f.kind == "sample" and not f.done]
+        future.future().cancel()
+        while not on_server.done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert on_server.error == "cancelled by the client"
+        asyncio.run(engine.release_memory())  # runs once the engine's rows are all done
+        assert len(forwards) < 300, f"{len(forwards)} forwards: the cancelled sample went on decoding"
+    finally:
+        engine.eos_ids = eos_ids
+        hook.remove()
+    after = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=3, seed=0)).result()
+    assert len(after.sequences[0].tokens) <= 3
 
 
 def test_retrieve_futures_answers_at_once_with_timeout_zero_and_names_an_unknown_session(server):

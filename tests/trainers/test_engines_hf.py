@@ -76,6 +76,27 @@ async def test_requests_that_trickle_in_start_as_one_batch_when_each_arrival_res
     assert await first_batch(max_wait_ms=0) < 6  # a fixed 1 s window from the first arrival
 
 
+async def test_a_cancelled_request_leaves_the_batch_and_the_others_decode_on(engine):
+    prompts = chat_prompts(engine.tokenizer, 2)
+    short, endless = SamplingParams(max_tokens=30, temperature=0), SamplingParams(max_tokens=1500, temperature=0)
+    engine.eos_ids = frozenset()  # no early EOS: tiny-random would otherwise stop anywhere
+    alone = await engine.generate(prompts[0], short)
+    together = batching_engine(engine, 2)
+    together.eos_ids = frozenset()
+    forwards = count_forwards(engine.model)
+    kept = asyncio.ensure_future(together.generate(prompts[0], short))
+    doomed = asyncio.ensure_future(together.generate(prompts[1], endless))
+    while len(forwards) < 5:
+        await asyncio.sleep(0.01)
+    doomed.cancel()
+    out = await kept
+    assert out.token_ids == alone.token_ids and len(out.token_ids) == 30  # the other row decoded on, unchanged
+    await together.release_memory()  # runs once the batch's rows are all done
+    assert len(forwards) < 100, f"{len(forwards)} forwards: the cancelled row went on decoding"
+    assert doomed.cancelled()
+    together.close()
+
+
 async def test_sixteen_concurrent_requests_decode_as_one_batch_with_unbatched_results(engine):
     prompts = chat_prompts(engine.tokenizer, 16)
     alone = [await engine.generate(p, GREEDY) for p in prompts]

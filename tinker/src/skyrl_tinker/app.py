@@ -45,7 +45,6 @@ UNSUPPORTED = {
     "create_custom_loss": "server-side custom losses (forward_backward_custom runs client-side)",
     "save_weights_external": "external weight exports",
     "join_sampling_session": "joining sampling sessions",
-    "cancel_future": "cancelling sampling requests",
     "auth/token": "JWT authentication",
 }
 
@@ -140,7 +139,7 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
 
     @app.post(f"{API}/client/dynamic_config")
     async def client_dynamic_config() -> dict[str, Any]:
-        return {"sample_cancel_enabled": False}
+        return {"sample_cancel_enabled": True}  # an abandoned sample future is cancelled on the server
 
     @app.get(f"{API}/get_server_capabilities")
     async def capabilities() -> dict[str, Any]:
@@ -234,6 +233,11 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
     @app.post(f"{API}/retrieve_futures")
     async def retrieve_futures(request: Request) -> dict[str, Any]:
         return await svc.retrieve_futures(await _json(request), RETRIEVE_FUTURES_POLL_SECONDS)
+
+    @app.post(f"{API}/cancel_future")
+    async def cancel_future(request: Request) -> dict[str, Any]:
+        svc.cancel_future(await _json(request))
+        return {}
 
     @app.post(f"{API}/retrieve_future")
     async def retrieve_future(request: Request) -> Response:

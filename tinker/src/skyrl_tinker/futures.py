@@ -88,6 +88,8 @@ class FutureStore:
     def _settle(self, future: Future, *, result: Result | None = None, error: str | None = None,
                 category: str = "user") -> None:
         with self._lock:
+            if future.done:  # the first outcome stays (a sample cancelled as it finished)
+                return
             future.result, future.error, future.category, future.done = result, error, category, True
             waiters, future.waiters = future.waiters, []
             log = self._logs.get(future.target) if future.target is not None else None
@@ -153,13 +155,13 @@ class FutureStore:
                 del self._futures[key]
         return len(gone)
 
-    def forget_session(self, session_id: str) -> int:
-        """Drop the futures of a reaped session; returns how many."""
+    def forget_session(self, session_id: str) -> list[Future]:
+        """Drop the futures of a reaped session; returns them."""
         with self._lock:
-            gone = [k for k, f in self._futures.items() if f.session_id == session_id]
-            for key in gone:
-                del self._futures[key]
-        return len(gone)
+            gone = [f for f in self._futures.values() if f.session_id == session_id]
+            for future in gone:
+                del self._futures[future.request_id]
+        return gone
 
     def run(self, future: Future, fn: Callable[[], Result]) -> None:
         """Settle ``future`` with ``fn()``; a ``ValueError``/``KeyError`` is the caller's fault, anything

@@ -142,6 +142,7 @@ class Sampler:
         self._loaded_names: set[str] = set()
         self._loop = asyncio.new_event_loop()
         self._queue: asyncio.Queue[SampleJob] | None = None
+        self._running: dict[str, asyncio.Task[None]] = {}  # request id -> its job (on the sampler's loop)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run_loop, name="tinker-sample", daemon=True)
 
@@ -165,6 +166,16 @@ class Sampler:
         assert self._queue is not None
         self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
 
+    def cancel(self, request_id: str) -> None:
+        """Stop a request's sampling: a job still queued never starts; one decoding leaves the engine's
+        batch at its next step. (Its future is the caller's to settle.)"""
+        def cancel_job() -> None:
+            task = self._running.get(request_id)
+            if task is not None:
+                task.cancel()
+
+        self._loop.call_soon_threadsafe(cancel_job)
+
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._queue = asyncio.Queue()
@@ -179,6 +190,8 @@ class Sampler:
         in_flight: set[asyncio.Task[None]] = set()
         while True:
             job = await self._queue.get()
+            if job.future.done:  # cancelled while queued
+                continue
             if job.weights.key != self._loaded_key:
                 if in_flight:
                     await asyncio.wait(set(in_flight))
@@ -191,6 +204,8 @@ class Sampler:
             task = asyncio.create_task(self._run_job(job))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
+            self._running[job.future.request_id] = task
+            task.add_done_callback(lambda _, request_id=job.future.request_id: self._running.pop(request_id, None))
 
     async def _run_job(self, job: SampleJob) -> None:
         try:

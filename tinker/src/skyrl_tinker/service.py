@@ -403,7 +403,21 @@ class TinkerService:
         for sampling_id in session.samplers:
             self.sampling.pop(sampling_id, None)
             self.futures.forget_sampling_session(sampling_id)
-        self.futures.forget_session(session.session_id)
+        for future in self.futures.forget_session(session.session_id):
+            if future.kind == "sample" and not future.done:  # nobody will fetch it: stop decoding it
+                self.sampler.cancel(future.request_id)
+
+    def cancel_future(self, body: Mapping[str, Any]) -> None:
+        """The client abandoned a sampling request: its future fails (``cancelled``) and its decoding stops."""
+        request_id = str(body["request_id"])
+        future = self.futures.get(request_id)
+        if future is None:
+            raise RequestError(404, f"unknown request id {request_id!r} (never issued, or its session was reaped)")
+        if future.kind != "sample":
+            raise RequestError(400, f"only sampling requests can be cancelled; {request_id!r} is a {future.kind} request")
+        if not future.done:
+            self.futures.fail(future, "cancelled by the client", "user")
+            self.sampler.cancel(request_id)
 
     def reap(self) -> int:
         """Drop silent sessions (and finished futures older than ``FUTURE_TTL``); returns sessions reaped."""

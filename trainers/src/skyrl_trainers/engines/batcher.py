@@ -6,7 +6,7 @@ above it, the wait restarts at each arrival, up to ``max_wait_s`` in all, so a b
 over HTTP starts as one batch instead of joining a running one request by request). Between decode
 steps the decoder may admit newly arrived requests with ``session.take(n)``, and it hands each
 finished request to ``session.deliver(item, result)`` straight away, so a short answer never waits
-for a long one. Work given to :meth:`ContinuousBatcher.run_exclusive` (weight updates) runs on the same
+for a long one; a request whose caller stopped waiting (``session.abandoned(item)``) may end early. Work given to :meth:`ContinuousBatcher.run_exclusive` (weight updates) runs on the same
 thread: the decoder stops admitting requests, finishes the ones in flight, then the work runs before
 any further decoding, so a batch never sees half-updated weights. Work given to
 :meth:`ContinuousBatcher.run_between_steps` (in-flight weight updates) runs on that thread too, but
@@ -43,6 +43,8 @@ class Session(Protocol[Item, Result]):
     def deliver(self, item: Item, result: Result | BaseException) -> None: ...
 
     def between_steps(self) -> int: ...
+
+    def abandoned(self, item: Item) -> bool: ...
 
 
 @dataclass
@@ -145,6 +147,13 @@ class ContinuousBatcher(Generic[Item, Result]):
             pending = self._inflight.pop(id(item), None)
         if pending is not None:
             _resolve(pending, result)
+
+    def abandoned(self, item: Item) -> bool:
+        """True once nobody waits for ``item`` any more (its ``submit`` was cancelled): the decoder may
+        stop working on it (what it then delivers for it goes nowhere)."""
+        with self._cond:
+            pending = self._inflight.get(id(item))
+        return pending is None or pending.future.cancelled()
 
     def between_steps(self) -> int:
         """Run the work queued by :meth:`run_between_steps` (on the decode thread); returns how many ran.

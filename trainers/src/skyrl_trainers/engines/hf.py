@@ -273,7 +273,7 @@ class HFEngine:
             keep = []
             for i, (request, token, logprob) in enumerate(
                     zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True)):
-                if self._append(request, token, logprob):
+                if self._append(request, token, logprob) or self._abandoned(request, session):
                     session.deliver(request, self._output(request))
                 else:
                     keep.append(i)
@@ -333,6 +333,14 @@ class HFEngine:
         elif len(request.token_ids) >= request.max_new_tokens:
             request.stop_reason = "length"
         return request.stop_reason is not None
+
+    @staticmethod
+    def _abandoned(request: _Request, session: Session[_Request, GenerateOutput]) -> bool:
+        """The caller cancelled its ``generate``: the row leaves the batch (``abort``) instead of decoding on."""
+        if not session.abandoned(request):
+            return False
+        request.stop_reason = "abort"
+        return True
 
     def _hits_stop_string(self, request: _Request) -> bool:
         if not request.params.stop:
