@@ -93,7 +93,10 @@ async def test_defaults_leave_out_server_specific_sampling_fields(server, make_e
     server.completions.append(Completion([5, 6]))
     await make_engine().generate(PROMPT, SamplingParams())
     body = server.requests_to("/v1/completions")[0].body
-    assert not {"top_k", "stop", "stop_token_ids", "seed", "include_stop_str_in_output"} & set(body)
+    assert not {"top_k", "stop", "stop_token_ids", "seed", "include_stop_str_in_output", "ignore_eos"} & set(body)
+    server.completions.append(Completion([5, 6]))
+    await make_engine().generate(PROMPT, SamplingParams(ignore_eos=True))
+    assert server.requests_to("/v1/completions")[1].body["ignore_eos"] is True  # vLLM's extension
 
 
 @pytest.mark.parametrize("server_ignores_max_tokens", [False, True])

@@ -171,14 +171,13 @@ def test_a_reaped_sessions_sampling_stops(http, server):
     engine = server.service.sampler.engine
     forwards = []
     hook = engine.model.register_forward_hook(lambda *_: forwards.append(1))
-    eos_ids, engine.eos_ids = engine.eos_ids, frozenset()  # decode to max_tokens unless stopped
     try:
         session = http.post("/create_session", json={"tags": [], "sdk_version": "test"}).json()["session_id"]
         sampling = http.post("/create_sampling_session", json={"session_id": session, "sampling_session_seq_id": 0,
                                                                "base_model": "tiny-random"}).json()["sampling_session_id"]
         http.post("/asample", json={"sampling_session_id": sampling, "seq_id": 0, "num_samples": 1,
                                     "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
-                                    "sampling_params": {"max_tokens": 1500, "temperature": 0.0}}).raise_for_status()
+                                    "sampling_params": {"max_tokens": 1500, "temperature": 0.0, "stop": []}}).raise_for_status()
         deadline = time.monotonic() + 60
         while len(forwards) < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -187,7 +186,6 @@ def test_a_reaped_sessions_sampling_stops(http, server):
         asyncio.run(engine.release_memory())  # runs once the engine's rows are all done
         assert len(forwards) < 300, f"{len(forwards)} forwards: the reaped session's sample went on decoding"
     finally:
-        engine.eos_ids = eos_ids
         hook.remove()
 
 

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import tinker
+from skyrl_trainers.models import load_tokenizer
 from tinker import types
 from tinker_helpers import train_a_little
 
@@ -70,6 +71,16 @@ def test_stop_token_ends_the_sample(service_client):
                              types.SamplingParams(max_tokens=8, seed=3, stop=[stop_at])).result().sequences[0]
     assert stopped.stop_reason == "stop"
     assert list(stopped.tokens) == list(free.tokens[:free.tokens.index(stop_at) + 1])
+
+
+def test_an_empty_stop_list_decodes_past_eos(service_client):
+    sampler = service_client.create_sampling_client(base_model="tiny-random").result()
+    eos = load_tokenizer("tiny-random").eos_token_id
+    prompt = types.ModelInput.from_ints([5, 17, 42])
+    free = sampler.sample(prompt, 8, types.SamplingParams(max_tokens=64, seed=0)).result().sequences
+    assert any(s.stop_reason == "stop" and s.tokens[-1] == eos for s in free)  # tiny-random ends some early
+    past = sampler.sample(prompt, 8, types.SamplingParams(max_tokens=64, seed=0, stop=[])).result().sequences
+    assert all(s.stop_reason == "length" and len(s.tokens) == 64 for s in past)
 
 
 def test_base_model_sampling_client(service_client):
@@ -151,10 +162,10 @@ def test_an_abandoned_sample_is_cancelled_on_the_server(server, service_client):
     engine = server.service.sampler.engine
     forwards = []
     hook = engine.model.register_forward_hook(lambda *_: forwards.append(1))
-    eos_ids, engine.eos_ids = engine.eos_ids, frozenset()  # decode to max_tokens unless cancelled
     sampler = service_client.create_sampling_client(base_model="tiny-random").result()
-    try:
-        future = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=1500, temperature=0))
+    try:  # stop=[]: decode to max_tokens unless cancelled
+        future = sampler.sample(types.ModelInput.from_ints(PROMPT), 1,
+                                types.SamplingParams(max_tokens=1500, temperature=0, stop=[]))
         deadline = time.monotonic() + 60
         while len(forwards) < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -166,7 +177,6 @@ def test_an_abandoned_sample_is_cancelled_on_the_server(server, service_client):
         asyncio.run(engine.release_memory())  # runs once the engine's rows are all done
         assert len(forwards) < 300, f"{len(forwards)} forwards: the cancelled sample went on decoding"
     finally:
-        engine.eos_ids = eos_ids
         hook.remove()
     after = sampler.sample(types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=3, seed=0)).result()
     assert len(after.sequences[0].tokens) <= 3

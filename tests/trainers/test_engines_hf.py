@@ -76,13 +76,24 @@ async def test_requests_that_trickle_in_start_as_one_batch_when_each_arrival_res
     assert await first_batch(max_wait_ms=0) < 6  # a fixed 1 s window from the first arrival
 
 
+async def test_ignore_eos_decodes_past_eos_to_max_tokens(engine):
+    eos = engine.tokenizer.eos_token_id
+    seeded = [SamplingParams(max_tokens=64, temperature=1.0, seed=seed) for seed in range(8)]
+    free = [await engine.generate([5, 17, 42], p) for p in seeded]
+    assert any(o.stop_reason == "stop" and o.token_ids[-1] == eos for o in free)  # tiny-random ends some early
+    past = [await engine.generate([5, 17, 42], p.model_copy(update={"ignore_eos": True})) for p in seeded]
+    assert all(o.stop_reason == "length" and len(o.token_ids) == 64 for o in past)
+    for stopped, going_on in zip(free, past, strict=True):  # the same tokens up to the EOS, then more
+        assert going_on.token_ids[:len(stopped.token_ids)] == stopped.token_ids
+
+
 async def test_a_cancelled_request_leaves_the_batch_and_the_others_decode_on(engine):
     prompts = chat_prompts(engine.tokenizer, 2)
-    short, endless = SamplingParams(max_tokens=30, temperature=0), SamplingParams(max_tokens=1500, temperature=0)
-    engine.eos_ids = frozenset()  # no early EOS: tiny-random would otherwise stop anywhere
+    # ignore_eos: tiny-random would otherwise stop anywhere
+    short = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    endless = SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True)
     alone = await engine.generate(prompts[0], short)
     together = batching_engine(engine, 2)
-    together.eos_ids = frozenset()
     forwards = count_forwards(engine.model)
     kept = asyncio.ensure_future(together.generate(prompts[0], short))
     doomed = asyncio.ensure_future(together.generate(prompts[1], endless))

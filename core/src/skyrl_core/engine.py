@@ -26,6 +26,7 @@ class SamplingParams(BaseModel):
     top_k: int = Field(-1, description="-1 disables top-k.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (kept in the output).")
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop ids besides EOS.")
+    ignore_eos: bool = Field(False, description="Decode past EOS (until max_tokens, a stop string or a stop id).")
     seed: int | None = None
 
 

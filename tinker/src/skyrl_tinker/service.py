@@ -453,7 +453,8 @@ def _sampling_params(raw: Mapping[str, Any], prompt_len: int, max_context: int |
     try:
         return SamplingParams(max_tokens=int(max_tokens), temperature=float(raw.get("temperature", 1.0)),
                               top_p=float(raw.get("top_p", 1.0)), top_k=int(raw.get("top_k", -1)),
-                              stop=strings, stop_token_ids=ids, seed=raw.get("seed"))
+                              stop=strings, stop_token_ids=ids, seed=raw.get("seed"),
+                              ignore_eos=isinstance(stop, list) and not stop)  # Tinker: [] disables EOS too
     except ValueError as exc:
         raise RequestError(400, f"bad sampling_params: {exc}") from None
 

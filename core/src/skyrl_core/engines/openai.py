@@ -398,6 +398,8 @@ def sampling_fields(params: SamplingParams) -> dict[str, Any]:
         body["include_stop_str_in_output"] = True
     if params.stop_token_ids:
         body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.ignore_eos:
+        body["ignore_eos"] = True
     if params.seed is not None:
         body["seed"] = params.seed
     return body

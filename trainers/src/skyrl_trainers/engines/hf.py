@@ -253,7 +253,8 @@ class HFEngine:
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         row = RowParams(params.temperature, params.top_k, params.top_p, generator)
-        return _Request(prompt_ids, params, row, room, self.eos_ids | set(params.stop_token_ids))
+        eos_ids = frozenset() if params.ignore_eos else self.eos_ids
+        return _Request(prompt_ids, params, row, room, eos_ids | set(params.stop_token_ids))
 
     @torch.inference_mode()
     def _decode(self, requests: list[_Request], session: Session[_Request, GenerateOutput]) -> None:

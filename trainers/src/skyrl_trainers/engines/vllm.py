@@ -234,7 +234,8 @@ class VLLMEngine:
         return VLLMSamplingParams(
             n=1, max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop) or None,
-            stop_token_ids=list(params.stop_token_ids) or None, include_stop_str_in_output=True,
+            stop_token_ids=list(params.stop_token_ids) or None, ignore_eos=params.ignore_eos,
+            include_stop_str_in_output=True,
             seed=params.seed, logprobs=0, skip_special_tokens=False, output_kind=RequestOutputKind.DELTA)
 
     def _scoring(self, num_logprobs: int) -> Any:
