@@ -242,10 +242,12 @@ def test_a_killed_async_run_resumes_without_training_a_task_twice(run_config, ex
 
 
 def test_async_grpo_learns_to_write_the_target_letter_within_the_staleness_bound(run_config, extra_envs):
-    # the sync learning test's task and settings, trained asynchronously (4 groups in flight, 1 step stale);
-    # seeds 0-3 gain 0.19-0.29 by step 12, in about a second of training each
+    # the sync learning test's task and settings, trained asynchronously (4 groups in flight, 1 step stale).
+    # Timing decides which policy version generates what, so the curve depends on the machine's load: by
+    # step 12 the gain was 0.20-0.24 idle but once 0.145 in a loaded CI run; by step 16 it was 0.27-0.38
+    # with other tests running beside it.
     cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
-                     trainer={"steps": 12, "lr": 2e-2, "mode": "async", "max_staleness": 1, **OFF_POLICY})
+                     trainer={"steps": 16, "lr": 2e-2, "mode": "async", "max_staleness": 1, **OFF_POLICY})
     summary = FSDPGRPOTrainer(cfg).fit()
     records = read_metrics(cfg.run.output_dir)
     rewards = [r["reward/mean"] for r in records]
