@@ -103,7 +103,7 @@ async def test_a_cancelled_request_leaves_the_batch_and_the_others_decode_on(eng
     out = await kept
     assert out.token_ids == alone.token_ids and len(out.token_ids) == 30  # the other row decoded on, unchanged
     await together.release_memory()  # runs once the batch's rows are all done
-    assert len(forwards) < 100, f"{len(forwards)} forwards: the cancelled row went on decoding"
+    assert len(forwards) < 750, f"{len(forwards)} forwards of 1500: the cancelled row went on decoding"
     assert doomed.cancelled()
     together.close()
 
