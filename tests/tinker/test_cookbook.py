@@ -124,10 +124,11 @@ def test_cookbook_sl_train_learns_a_conversation_file(server, service_client, tm
 
 
 def test_cookbook_rl_train_learns_the_format_reward(server, tmp_path):
+    steps = 22  # when it takes off varies with the server's unseeded sampling: seen between steps 6 and 15
     # 4 addition problems x 8 samples a step; the reward is 1 for the right sum and -0.1 without the
     # stop sequence: tiny-random never adds, but learns to end its turn (<|im_end|>) within max_tokens
     builder = ArithmeticDatasetBuilder(batch_size=4, group_size=8, model_name_for_tokenizer=MODEL,
-                                       renderer_name=RENDERER, n_batches=15)
+                                       renderer_name=RENDERER, n_batches=steps)
     log_path = tmp_path / "rl"
     config = rl_train.Config(log_path=str(log_path), model_name=MODEL, recipe_name="skyrl_test_rl",
                              renderer_name=RENDERER, dataset_builder=builder, learning_rate=1e-2,
@@ -135,7 +136,7 @@ def test_cookbook_rl_train_learns_the_format_reward(server, tmp_path):
     asyncio.run(rl_train.main(config))
 
     metrics = _metrics(log_path)
-    assert [m["step"] for m in metrics] == list(range(15))
+    assert [m["step"] for m in metrics] == list(range(steps))
     assert all(m["env/all/total_episodes"] == 32 for m in metrics)
     fmt = [m["env/all/format"] for m in metrics]
     reward = [m["env/all/reward/total"] for m in metrics]
@@ -144,7 +145,7 @@ def test_cookbook_rl_train_learns_the_format_reward(server, tmp_path):
     assert statistics.fmean(reward[-3:]) > statistics.fmean(reward[:3]), reward
     # the sampler's logprobs are the trainer's: the cookbook's sample/train KL estimate is ~0
     assert all(abs(m["optim/kl_sample_train_v1"]) < 1e-3 for m in metrics), [m["optim/kl_sample_train_v1"] for m in metrics]
-    assert _final_checkpoint(log_path)["batch"] == 15
+    assert _final_checkpoint(log_path)["batch"] == steps
 
 
 def test_cookbook_minimal_sl_loop(server, tmp_path, monkeypatch):
