@@ -77,10 +77,10 @@ def test_an_empty_stop_list_decodes_past_eos(service_client):
     sampler = service_client.create_sampling_client(base_model="tiny-random").result()
     eos = load_tokenizer("tiny-random").eos_token_id
     prompt = types.ModelInput.from_ints([5, 17, 42])
-    free = sampler.sample(prompt, 8, types.SamplingParams(max_tokens=64, seed=0)).result().sequences
+    free = sampler.sample(prompt, 16, types.SamplingParams(max_tokens=96, seed=0)).result().sequences
     assert any(s.stop_reason == "stop" and s.tokens[-1] == eos for s in free)  # tiny-random ends some early
-    past = sampler.sample(prompt, 8, types.SamplingParams(max_tokens=64, seed=0, stop=[])).result().sequences
-    assert all(s.stop_reason == "length" and len(s.tokens) == 64 for s in past)
+    past = sampler.sample(prompt, 16, types.SamplingParams(max_tokens=96, seed=0, stop=[])).result().sequences
+    assert all(s.stop_reason == "length" and len(s.tokens) == 96 for s in past)
 
 
 def test_base_model_sampling_client(service_client):

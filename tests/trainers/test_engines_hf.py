@@ -78,11 +78,11 @@ async def test_requests_that_trickle_in_start_as_one_batch_when_each_arrival_res
 
 async def test_ignore_eos_decodes_past_eos_to_max_tokens(engine):
     eos = engine.tokenizer.eos_token_id
-    seeded = [SamplingParams(max_tokens=64, temperature=1.0, seed=seed) for seed in range(8)]
+    seeded = [SamplingParams(max_tokens=96, temperature=1.0, seed=seed) for seed in range(16)]
     free = [await engine.generate([5, 17, 42], p) for p in seeded]
     assert any(o.stop_reason == "stop" and o.token_ids[-1] == eos for o in free)  # tiny-random ends some early
     past = [await engine.generate([5, 17, 42], p.model_copy(update={"ignore_eos": True})) for p in seeded]
-    assert all(o.stop_reason == "length" and len(o.token_ids) == 64 for o in past)
+    assert all(o.stop_reason == "length" and len(o.token_ids) == 96 for o in past)
     for stopped, going_on in zip(free, past, strict=True):  # the same tokens up to the EOS, then more
         assert going_on.token_ids[:len(stopped.token_ids)] == stopped.token_ids
 
