@@ -167,8 +167,8 @@ class Sampler:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request's sampling: a job still queued never starts; one decoding leaves the engine's
-        batch at its next step. (Its future is the caller's to settle.)"""
+        """Stop a running request: its rows leave the engine's batch at the next step. The caller settles
+        its future first, so a job not yet started is skipped instead."""
         def cancel_job() -> None:
             task = self._running.get(request_id)
             if task is not None:
@@ -190,9 +190,7 @@ class Sampler:
         in_flight: set[asyncio.Task[None]] = set()
         while True:
             job = await self._queue.get()
-            if job.future.done:  # cancelled while queued
-                continue
-            if job.weights.key != self._loaded_key:
+            if job.weights.key != self._loaded_key and not job.future.done:
                 if in_flight:
                     await asyncio.wait(set(in_flight))
                 try:
@@ -201,6 +199,8 @@ class Sampler:
                     log.exception("loading sampler weights failed")
                     self.futures.fail(job.future, f"internal error: {type(exc).__name__}: {exc}", "server")
                     continue
+            if job.future.done:  # cancelled (or its session reaped) before it started
+                continue
             task = asyncio.create_task(self._run_job(job))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)

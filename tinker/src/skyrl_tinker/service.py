@@ -404,8 +404,8 @@ class TinkerService:
             self.sampling.pop(sampling_id, None)
             self.futures.forget_sampling_session(sampling_id)
         for future in self.futures.forget_session(session.session_id):
-            if future.kind == "sample" and not future.done:  # nobody will fetch it: stop decoding it
-                self.sampler.cancel(future.request_id)
+            if future.kind == "sample":  # nobody will fetch it: stop decoding it
+                self._stop_sample(future, "its session was reaped")
 
     def cancel_future(self, body: Mapping[str, Any]) -> None:
         """The client abandoned a sampling request: its future fails (``cancelled``) and its decoding stops."""
@@ -415,9 +415,13 @@ class TinkerService:
             raise RequestError(404, f"unknown request id {request_id!r} (never issued, or its session was reaped)")
         if future.kind != "sample":
             raise RequestError(400, f"only sampling requests can be cancelled; {request_id!r} is a {future.kind} request")
+        self._stop_sample(future, "cancelled by the client")
+
+    def _stop_sample(self, future: Future, reason: str) -> None:
+        """Fail an unfinished sample (the sampler skips a job whose future is settled) and stop its decoding."""
         if not future.done:
-            self.futures.fail(future, "cancelled by the client", "user")
-            self.sampler.cancel(request_id)
+            self.futures.fail(future, reason, "user")
+            self.sampler.cancel(future.request_id)
 
     def reap(self) -> int:
         """Drop silent sessions (and finished futures older than ``FUTURE_TTL``); returns sessions reaped."""

@@ -6,9 +6,10 @@ above it, the wait restarts at each arrival, up to ``max_wait_s`` in all, so a b
 over HTTP starts as one batch instead of joining a running one request by request). Between decode
 steps the decoder may admit newly arrived requests with ``session.take(n)``, and it hands each
 finished request to ``session.deliver(item, result)`` straight away, so a short answer never waits
-for a long one; a request whose caller stopped waiting (``session.abandoned(item)``) may end early. Work given to :meth:`ContinuousBatcher.run_exclusive` (weight updates) runs on the same
-thread: the decoder stops admitting requests, finishes the ones in flight, then the work runs before
-any further decoding, so a batch never sees half-updated weights. Work given to
+for a long one; a request whose caller stopped waiting (``session.abandoned(item)``) may end early.
+Work given to :meth:`ContinuousBatcher.run_exclusive` (weight updates) runs on the same thread: the
+decoder stops admitting requests, finishes the ones in flight, then the work runs before any further
+decoding, so a batch never sees half-updated weights. Work given to
 :meth:`ContinuousBatcher.run_between_steps` (in-flight weight updates) runs on that thread too, but
 without draining: the decoder calls ``session.between_steps()`` before each decode step, which runs
 it there (and at once when no decode is running).
