@@ -85,7 +85,7 @@ class Cleanup:
         remove_images(self.images)
         if not self.docker_used:
             return
-        from skyrl_sandbox.docker_engine import MACHINE_LABEL, OWNER_LABEL, _remove, machine_id, shared_client
+        from skyrl_sandbox.docker_engine import MACHINE_LABEL, OWNER_LABEL, machine_id, remove_container, shared_client
 
         swept = set()
         with suppress(Exception):
@@ -94,7 +94,7 @@ class Cleanup:
                 mine = api.containers(all=True, filters={"label": [f"{OWNER_LABEL}={os.getpid()}",
                                                                    f"{MACHINE_LABEL}={machine_id()}"]})
                 for container in mine:
-                    _remove(api, container["Id"])
+                    remove_container(api, container["Id"])
                     swept.add(container["Id"])
                 if not mine:
                     break

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,3 +73,35 @@ def test_a_sigkilled_owner_leaves_nothing_behind_after_the_next_start():
     assert containers_of(holder.pid) == []
     assert not any(Path(box["dir"]).exists() for box in live)
     assert not any(Path(group).exists() for box in live for group in box["groups"])
+
+
+def test_a_folder_that_cannot_be_removed_is_reported_not_ignored(tmp_path: Path, caplog):
+    """remove_tree gives back the permissions a sandbox took away; what it still cannot remove (here a folder of
+    another user's, as an unprivileged owner would meet one) is returned and logged, never passed over."""
+    from skyrl_sandbox.dirs import remove_tree
+
+    locked = tmp_path / "locked"
+    (locked / "open" / "inner").mkdir(parents=True)
+    (locked / "open" / "inner" / "f").write_text("x")
+    for folder in (locked / "open" / "inner", locked / "open", locked):
+        folder.chmod(0o500 if folder != locked / "open" / "inner" else 0o000)
+    assert remove_tree(locked) is None and not locked.exists()
+
+    if os.geteuid() != 0:
+        return
+    reachable = Path(tempfile.mkdtemp(prefix="skyrl-remove-"))  # pytest's tmp_path is root's alone
+    reachable.chmod(0o755)
+    other = reachable / "other"
+    (other / "theirs").mkdir(parents=True)
+    (other / "theirs" / "f").write_text("x")
+    os.chown(other, 65534, 65534)  # ours as nobody; "theirs" stays root's
+    probe = ("import logging, sys; logging.basicConfig(); sys.path.insert(0, sys.argv[2]); "
+             "from skyrl_sandbox.dirs import remove_tree; print(remove_tree(__import__('pathlib').Path(sys.argv[1])))")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                           probe, str(other), str(Path(__file__).resolve().parents[2] / "sandbox" / "src")],
+                          capture_output=True, text=True, timeout=60)
+    try:
+        assert "Permission denied" in done.stdout and "could not remove the sandbox folder" in done.stderr, done
+        assert (other / "theirs").exists()
+    finally:
+        shutil.rmtree(reachable)

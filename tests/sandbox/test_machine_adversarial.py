@@ -262,6 +262,69 @@ async def test_killing_everything_it_can_kills_only_the_agents_own_processes(mac
     assert await running(machine, root_sleep) == set()
 
 
+async def test_a_process_that_looks_dead_in_proc_dies_with_the_rest(machine, shell):
+    """A thread-group leader that exited (SYS_exit) while its thread runs shows as a zombie with no command line
+    in /proc; the kill goes by the machine's cgroup, which still lists it, so its thread stops writing too."""
+    script = ("import ctypes, os, threading, time\n"
+              "def tick():\n"
+              "    while True:\n"
+              "        with open('/tmp/ticks', 'a') as f: f.write('.')\n"
+              "        time.sleep(0.01)\n"
+              "threading.Thread(target=tick).start()\n"
+              "ctypes.CDLL(None).syscall({'x86_64': 60, 'aarch64': 93}[os.uname().machine], 0)\n")
+    await machine.put_files("/tmp/ghost", {"ghost.py": script.encode()})
+    started = await shell.run("setsid python3 /tmp/ghost/ghost.py </dev/null >/dev/null 2>&1 & sleep 0.5; "
+                              "for p in /proc/[0-9]*; do [ \"$(ls $p/task 2>/dev/null | wc -l)\" -gt 1 ] && "
+                              "cut -d' ' -f3 $p/stat; done", 30)
+    assert "Z" in started.output.split(), started.output  # the leader is a zombie, its thread runs
+    await machine.kill_processes()
+    before = await machine.read_file("/tmp/ticks")
+    await asyncio.sleep(0.5)
+    assert before and await machine.read_file("/tmp/ticks") == before, "the ghost's thread outlived the kill"
+
+
+async def test_an_engine_whose_cgroups_are_out_of_sight_kills_by_restarting_the_container():
+    """An engine on another host: its containers' cgroups are not in this machine's /proc and /sys. The kill then
+    restarts the container (its PID namespace ends with its init); the machine, its user and files go on."""
+    from skyrl_sandbox.testing import require_backend
+
+    require_backend("docker")
+    async with await start_machine(bomb_spec(), "docker") as machine:
+        machine._group = None  # as on a machine that cannot see the engine's cgroups
+        shell = await machine.open_shell()
+        job = marker()
+        await shell.run(f"echo kept > /app/kept; setsid sleep {job} </dev/null >/dev/null 2>&1 &", 30)
+        assert await running(machine, job, settle_for="there") == {job}
+        await machine.kill_processes()
+        assert await running(machine, job) == set()
+        after = await agent_sh(machine, "cat /app/kept; id -un")
+        assert after.stdout == b"kept\nagent\n", after
+
+
+async def test_folders_the_agent_made_undeletable_are_removed_with_the_machine(bwrap_machine_dir):
+    machine, host_dir = bwrap_machine_dir
+    planted = await agent_sh(machine, """mkdir -p /app/t/a/b ~/t && touch /app/t/a/b/f ~/t/f
+python3 -c "import os; os.chdir('/app')
+for _ in range(3000): os.mkdir('d'); os.chdir('d')
+os.chmod('.', 0o500)"
+chmod 000 /app/t/a/b; chmod 500 /app/t/a /app/t ~/t; echo planted""")
+    assert planted.stdout == b"planted\n", planted
+    await machine.close()
+    assert not host_dir.exists()
+
+
+@pytest.fixture
+async def bwrap_machine_dir():
+    from skyrl_sandbox.testing import require_backend
+
+    require_backend("bwrap")
+    machine = await start_machine(bomb_spec(), "bwrap")
+    try:
+        yield machine, machine.host_dir
+    finally:
+        await machine.close()
+
+
 # --- terminals, privileges, the kernel ----------------------------------------------------------------------------
 
 

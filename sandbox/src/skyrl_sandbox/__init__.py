@@ -9,11 +9,12 @@ Standard library only at import time (the ``docker`` SDK is an optional extra, l
 """
 
 from .backends import BACKENDS, REQUIRE_ENV, backend_problem, resolve_backend
-from .errors import BackendUnavailable, ProtocolViolation, SandboxError, WorkerGone
+from .errors import BackendUnavailable, ProcessesSurvived, ProtocolViolation, SandboxError, WorkerGone
 from .launch import WorkerProgram
 from .limits import Limits
 from .machine import Machine, MachineSpec, start_machine
 from .pool import WorkerPool
 
-__all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "Limits", "Machine", "MachineSpec", "ProtocolViolation", "SandboxError",
+__all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "Limits", "Machine", "MachineSpec", "ProcessesSurvived",
+           "ProtocolViolation", "SandboxError",
            "WorkerGone", "WorkerPool", "WorkerProgram", "backend_problem", "resolve_backend", "start_machine"]

@@ -30,8 +30,8 @@ from pathlib import Path
 from .backends import bwrap_problem
 from .box import RunResult
 from .cgroups import WorkerCgroup, cgroup_support
-from .dirs import make_host_dir
-from .errors import BackendUnavailable, SandboxError
+from .dirs import make_host_dir, remove_tree
+from .errors import BackendUnavailable, ProcessesSurvived, SandboxError
 from .launch import bwrap_base_argv
 from .machine import AGENT_UID, Machine, MachineSpec, base_env
 from .seccomp import build_filter
@@ -234,7 +234,7 @@ class BwrapMachine(Machine):
         async def open_transport() -> _PtyTerminal:
             primary, secondary = os.openpty()
             try:
-                process = self._spawn(["setsid", "-c", *SHELL_ARGV], True, self.spec.workdir, self._env(True, env),
+                process = self._spawn(["setsid", "-c", *SHELL_ARGV], True, "/", self._env(True, env),
                                       stdin=secondary, stdout=secondary, stderr=secondary)
             except BaseException:
                 os.close(primary)
@@ -249,29 +249,11 @@ class BwrapMachine(Machine):
         await self._close_shells()
         for process in list(self._instances):
             self._kill(process)
-        if self.cgroup is not None:
-            for _ in range(250):
-                if not self._live_members():
-                    return
-                await asyncio.sleep(0.02)
-            raise SandboxError(f"processes {self._live_members()} of the bwrap machine survived being killed")
-
-    def _live_members(self) -> list[int]:
-        """Processes in the machine's cgroup that are not zombies (the dead wait for the host's init to reap them)."""
-        assert self.cgroup is not None
-        try:
-            pids = [int(pid) for pid in (self.cgroup.dirs[0] / "cgroup.procs").read_text().split()]
-        except (OSError, IndexError, ValueError):
-            return []
-        live = []
-        for pid in pids:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state not in ("Z", "X"):
-                live.append(pid)
-        return live
+        if self.cgroup is not None:  # each instance's PID namespace died with it; the cgroup proves nothing is left
+            survivors = await asyncio.to_thread(self.cgroup.kill_all)
+            if survivors:
+                raise ProcessesSurvived(f"processes {sorted(survivors)} of the bwrap machine survived being killed",
+                                        tuple(sorted(survivors)))
 
     def _kill(self, process: subprocess.Popen) -> None:
         """SIGKILL an instance (its PID namespace dies with it) and reap it."""
@@ -296,7 +278,7 @@ class BwrapMachine(Machine):
             pass
         if self.cgroup is not None:
             self.cgroup.remove()
-        shutil.rmtree(self.host_dir, ignore_errors=True)
+        remove_tree(self.host_dir)
 
 
 class _PtyTerminal:

@@ -6,8 +6,12 @@ count every thread and every page the worker can pin. The worker joins its group
 executes anything (``Popen(preexec_fn=...)``), so everything it starts is counted from the first
 instruction.
 
-Works with cgroup v1 (``/sys/fs/cgroup/{pids,memory}``) and v2 (a parent group with both
-controllers delegated), as root or wherever the hierarchy is writable. Where neither is, the
+Works with cgroup v1 (``/sys/fs/cgroup/{pids,memory}``, plus ``freezer`` where mounted) and v2 (a
+parent group with both controllers delegated), as root or wherever the hierarchy is writable.
+
+Which processes are alive is the group's own word: ``cgroup.procs`` lists every process that has a
+thread left (a leader that exited while its threads run included) and no zombie, so a kill is
+proven by that list, never by reading process states from ``/proc``. Where neither is, the
 sandbox falls back to RLIMIT_NPROC (binding for non-root users), bounded tmpfs sizes and no memfd.
 """
 
@@ -18,6 +22,7 @@ import itertools
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +47,7 @@ class CgroupSupport:
     version: int
     pids: _Controller
     memory: _Controller
+    freezer: _Controller | None = None  # v1's freezer controller; v2 freezes with cgroup.freeze in the pids group
 
     def describe(self) -> str:
         return f"cgroup v{self.version} (pids under {self.pids.parent}, memory under {self.memory.parent})"
@@ -54,8 +60,11 @@ class WorkerCgroup:
         name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
         self.support = support
         self.dirs: list[Path] = []
+        limited = [(support.pids, pids_max), (support.memory, memory_bytes)]
+        if support.freezer is not None:
+            limited.append((support.freezer, 0))
         try:
-            for controller, value in ((support.pids, pids_max), (support.memory, memory_bytes)):
+            for controller, value in limited:
                 folder = controller.parent / name
                 if folder not in self.dirs:
                     folder.mkdir()
@@ -96,6 +105,23 @@ class WorkerCgroup:
         counts = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
         return int(counts.get("oom_kill", "0")) > 0
 
+    def members(self) -> set[int]:
+        """The processes alive in the worker's groups (empty once removed)."""
+        found: set[int] = set()
+        for folder in self.dirs:
+            found |= members(folder)
+        return found
+
+    def kill_all(self, timeout_s: float = 5.0) -> set[int]:
+        """Kill every member, frozen, until the groups list none (see :func:`kill_until_gone`); the survivors."""
+        return kill_until_gone(self.members, self._freezer(), timeout_s)
+
+    def _freezer(self) -> Path | None:
+        if self.support.freezer is not None:  # v1: its own group, the last one made
+            return self.dirs[-1] / "freezer.state"
+        control = self.dirs[0] / "cgroup.freeze"  # v2: a core file of the group itself
+        return control if control.exists() else None
+
     def remove(self) -> None:
         """Kill whatever is left in the groups, then remove them (idempotent)."""
         for folder in self.dirs:
@@ -118,10 +144,13 @@ def _probe_v1() -> CgroupSupport | None:
     memory_parent = memory_root / own.get("memory", "/").lstrip("/")
     if not (_writable(pids_parent) and _writable(memory_parent)):
         return None
+    freezer_parent = _ROOT / "freezer" / own.get("freezer", "/").lstrip("/")
+    freezer = _Controller(freezer_parent, (), None) if _writable(freezer_parent) and \
+        (freezer_parent / "cgroup.procs").exists() else None
     return CgroupSupport(
         1, _Controller(pids_parent, (("pids.max", None),), None),
         _Controller(memory_parent, (("memory.limit_in_bytes", None), ("memory.memsw.limit_in_bytes", None)),
-                    "memory.oom_control"))
+                    "memory.oom_control"), freezer)
 
 
 def _probe_v2() -> CgroupSupport | None:
@@ -140,11 +169,11 @@ def _probe_v2() -> CgroupSupport | None:
     return CgroupSupport(2, _Controller(parent, (("pids.max", None),), None), memory)
 
 
-def _own_groups() -> dict[str, str]:
-    """This process's group per controller ('' is the v2 hierarchy), from /proc/self/cgroup."""
-    groups = {}
+def _own_groups(pid: int | str = "self") -> dict[str, str]:
+    """A process's group per controller ('' is the v2 hierarchy), from /proc/<pid>/cgroup (this one's by default)."""
+    groups: dict[str, str] = {}
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return groups
     for line in lines:
@@ -159,6 +188,8 @@ def _writable(folder: Path) -> bool:
 
 
 def _remove_group(folder: Path) -> None:
+    if (folder / "freezer.state").exists():  # left frozen by an owner that died mid-kill: its members die thawed
+        freeze(folder / "freezer.state", False)
     for _ in range(50):
         try:
             folder.rmdir()
@@ -171,15 +202,92 @@ def _remove_group(folder: Path) -> None:
 
 
 def _kill_members(folder: Path) -> None:
-    try:
-        pids = (folder / "cgroup.procs").read_text().split()
-    except OSError:
-        return
+    sigkill(members(folder))
+
+
+def sigkill(pids: Iterable[int]) -> None:
+    """SIGKILL each process (one already gone is fine)."""
     for pid in pids:
         try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError):
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
+
+
+def members(folder: Path) -> set[int]:
+    """The processes in a group, from its ``cgroup.procs`` (empty when the group is gone)."""
+    try:
+        return {int(pid) for pid in (folder / "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+def kill_until_gone(list_members: Callable[[], set[int]], freezer: Path | None, timeout_s: float) -> set[int]:
+    """SIGKILL what ``list_members`` lists, with the group frozen (``freezer``: a :func:`freezer_of` file, or
+    None), again for members that appear, until it lists none or ``timeout_s`` passed; what it lists last.
+
+    The list is the group's own (``cgroup.procs``), so the kill is proven, not assumed.
+    """
+    deadline = time.monotonic() + timeout_s
+    killed: set[int] = set()
+    while True:
+        left = list_members()
+        if not left or time.monotonic() >= deadline:
+            return left
+        if left - killed:
+            frozen = freezer is not None and freeze(freezer, True)
+            try:
+                targets = list_members()
+                sigkill(targets)
+                killed |= targets
+            finally:
+                if frozen:
+                    freeze(freezer, False)
+        time.sleep(0.005)
+
+
+def group_of(pid: int) -> Path | None:
+    """The folder of the group holding ``pid`` (v1: its pids group; v2: its group), None when not visible here.
+
+    For a process this one can see in ``/proc`` whose groups are mounted here (a container of a local engine).
+    """
+    groups = _own_groups(pid)
+    if "pids" in groups:
+        candidates = [_ROOT / "pids" / groups["pids"].lstrip("/")]
+    else:
+        candidates = [_ROOT / groups.get("", "/").lstrip("/"), _ROOT / "unified" / groups.get("", "/").lstrip("/")]
+    return next((folder for folder in candidates if pid in members(folder)), None)
+
+
+def freezer_of(pid: int) -> Path | None:
+    """The file that freezes the group holding ``pid`` (v1: ``freezer.state``; v2: ``cgroup.freeze``), if any."""
+    groups = _own_groups(pid)
+    if "freezer" in groups:
+        control = _ROOT / "freezer" / groups["freezer"].lstrip("/") / "freezer.state"
+    else:
+        folder = group_of(pid)
+        control = folder / "cgroup.freeze" if folder is not None else None
+    return control if control is not None and control.exists() else None
+
+
+def freeze(control: Path, frozen: bool) -> bool:
+    """Freeze (waiting until every member is frozen, 1 s at most) or thaw the group of a :func:`freezer_of` file.
+
+    Returns False where the group cannot be frozen. A process killed while frozen dies as it thaws, before it
+    runs another instruction; frozen, no process can fork a child that a kill would miss.
+    """
+    v1 = control.name == "freezer.state"
+    value = ("FROZEN" if frozen else "THAWED") if v1 else ("1" if frozen else "0")
+    try:
+        control.write_text(value)
+        for _ in range(500 if frozen else 0):
+            state = control.read_text().strip() if v1 else (control.parent / "cgroup.events").read_text()
+            if (state == value) if v1 else ("frozen 1" in state):
+                break
+            time.sleep(0.002)
+    except OSError:
+        return False
+    return True
 
 
 def sweep_stale_groups() -> int:
@@ -188,13 +296,24 @@ def sweep_stale_groups() -> int:
     if support is None:
         return 0
     removed = 0
-    for parent in {support.pids.parent, support.memory.parent}:
+    for parent in {support.pids.parent, support.memory.parent, *([support.freezer.parent] if support.freezer else [])}:
         for folder in parent.glob(f"{_PREFIX}*"):
             owner = folder.name[len(_PREFIX):].split("-", 1)[0]
             if owner.isdigit() and not alive(int(owner)):
                 _remove_group(folder)
                 removed += 1
     return removed
+
+
+def may_signal(pid: int) -> bool:
+    """Whether this process may send ``pid`` signals (a rootless engine's containers run as other users)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return False
+    except ProcessLookupError:
+        return True
+    return True
 
 
 def alive(pid: int) -> bool:

@@ -27,7 +27,6 @@ import asyncio
 import logging
 import os
 import secrets
-import shutil
 import socket
 import struct
 import threading
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import framing
-from .dirs import make_host_dir
+from .dirs import make_host_dir, remove_tree
 from .errors import SandboxError, WorkerGone
 from .launch import INSIDE_INBOX, INSIDE_LIB, LaunchPlan, WorkerProgram, clean_env, python_args, spawn_settings
 from .limits import Limits
@@ -56,7 +55,7 @@ INIT_TASKS = 1  # docker-init, the container's PID 1, in the container's pids co
 CPU_LIMIT_NANOS = 10**9  # one CPU
 UID_RANGE = (1_000_000_000, 1_500_000_000)  # per-container uids, far above any host account
 STDERR_TAIL_BYTES = 64 * 1024
-_STDOUT, _HEADER = 1, struct.Struct(">BxxxI")
+_STDOUT, STREAM_HEADER = 1, struct.Struct(">BxxxI")
 _clients: dict[int, Any] = {}
 _clients_lock = threading.Lock()
 _swept: set[int] = set()
@@ -184,8 +183,8 @@ def start_container_worker(program: WorkerProgram, limits: Limits, image: str | 
             raise
     except BaseException as exc:
         if container_id is not None:
-            _remove(api, container_id)
-        shutil.rmtree(host_dir, ignore_errors=True)
+            remove_container(api, container_id)
+        remove_tree(host_dir)
         if isinstance(exc, docker.errors.ImageNotFound):
             images.forget(image)
             raise SandboxError(f"Docker image {image!r} is not on this engine and nothing is pulled: build it "
@@ -273,7 +272,7 @@ def sweep_stale_containers(api: Any | None = None) -> list[str]:
     removed = []
     for container in found:
         if not _owner_alive(container.get("Labels") or {}):
-            _remove(api, container["Id"])
+            remove_container(api, container["Id"])
             removed.append(container["Id"])
     if removed:
         log.info("removed %d sandbox container(s) left by owners that died", len(removed))
@@ -292,12 +291,15 @@ def sweep_once() -> None:
         log.warning("could not sweep stale sandbox containers: %s", exc)
 
 
-def _remove(api: Any, container_id: str) -> None:
-    """Kill and remove a container (idempotent: one already gone or being removed is fine)."""
+def remove_container(api: Any, container_id: str) -> None:
+    """Kill and remove a container and its anonymous volumes (a ``VOLUME`` of its image holds what was written there).
+
+    Idempotent: a container already gone or being removed is fine.
+    """
     import docker
 
     try:
-        api.remove_container(container_id, force=True)
+        api.remove_container(container_id, force=True, v=True)
     except docker.errors.NotFound:
         pass
     except docker.errors.APIError as exc:
@@ -309,8 +311,8 @@ def _remove_all(api: Any, container_id: str, host_dir: Path, channel: socket.soc
     if os.getpid() != owner_pid:
         return  # a forked copy of the owner exiting: the containers are not its to remove
     channel.close()
-    _remove(api, container_id)
-    shutil.rmtree(host_dir, ignore_errors=True)
+    remove_container(api, container_id)
+    remove_tree(host_dir)
 
 
 # --- the started worker --------------------------------------------------------------------------
@@ -451,7 +453,7 @@ class ContainerWorker:
             self._oom_killed = bool(self.api.inspect_container(self.container_id)["State"].get("OOMKilled"))
         except Exception:  # noqa: BLE001 - removed under us (e.g. by discard): the worker is gone either way
             status = 137
-        _remove(self.api, self.container_id)
+        remove_container(self.api, self.container_id)
         return status
 
     def stderr_tail(self, limit: int = 2000) -> str:
@@ -503,12 +505,12 @@ class _AttachStream(asyncio.Protocol):
         view = memoryview(data)
         while view:
             if not self._remaining:
-                needed = _HEADER.size - len(self._header)
+                needed = STREAM_HEADER.size - len(self._header)
                 self._header += view[:needed]
                 view = view[needed:]
-                if len(self._header) < _HEADER.size:
+                if len(self._header) < STREAM_HEADER.size:
                     return
-                self._stream, self._remaining = _HEADER.unpack(self._header)
+                self._stream, self._remaining = STREAM_HEADER.unpack(self._header)
                 self._header.clear()
                 continue
             chunk, view = view[:self._remaining], view[self._remaining:]

@@ -1,9 +1,12 @@
 """The docker :class:`~skyrl_sandbox.machine.Machine`: one container of a task image, driven by ``docker exec``.
 
-Commands are execs of the engine (a shell's is an exec with a tty); processes are killed from
-inside by a POSIX ``sh`` loop of builtins (no ``ps`` or ``pkill`` needed in the image), sparing only
-``docker-init`` (PID 1) and the container's main process. The agent user is created at start
-(``useradd``, ``adduser`` or a line in ``/etc/passwd``) and given the work directory.
+Commands are execs of the engine (a shell's is an exec with a tty). Processes are killed from the
+host through the container's cgroup: the group is frozen, every member but ``docker-init`` (PID 1)
+and the container's main process gets SIGKILL, the group thaws, and the kill holds once the group
+lists only those two (``cgroup.procs`` lists a leader whose threads still run, and no zombie). Where this process cannot see the engine's cgroups (an
+engine on another host), the container is restarted instead: its PID namespace ends with its init,
+and everything in it with the namespace. The agent user is created at start (``useradd``,
+``adduser`` or a line in ``/etc/passwd``) and given the work directory.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import socket
 import tarfile
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from . import cgroups
 from .box import RunResult
-from .docker_engine import _HEADER, _remove, owner_labels, shared_client, sweep_once
-from .errors import BackendUnavailable, SandboxError
+from .docker_engine import STREAM_HEADER, owner_labels, remove_container, shared_client, sweep_once
+from .errors import BackendUnavailable, ProcessesSurvived, SandboxError
 from .machine import AGENT_UID, Machine, MachineSpec, base_env
 from .terminal import SHELL_ARGV, TerminalSession
 
@@ -28,28 +33,7 @@ log = logging.getLogger(__name__)
 
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID"]
 _KEEPALIVE = ["sleep", "infinity"]
-_KILL_ROUNDS = 200
-# Kills every process but PID 1, the main process ($1) and itself, with builtins only (a child of its own
-# would be a target); exits 0 once a round finds nothing left to kill (zombies are dead: they only wait
-# for docker-init to reap them).
-_KILL_ALL = r"""
-main=$1; rounds=0
-while :; do
-  rounds=$((rounds + 1)); found=
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    case $pid in 1|$main|$$) continue ;; esac
-    read -r stat < "$p/stat" 2>/dev/null || continue
-    state=${stat##*) }
-    [ "${state%% *}" = Z ] && continue  # dead already: docker-init reaps it
-    kill -9 "$pid" 2>/dev/null && found="$found $pid:${state%% *}:${stat%%) *})"
-  done
-  [ -z "$found" ] && exit 0
-  if [ $rounds -ge $2 ]; then echo "still running:$found"; exit 1; fi
-  # A killed process takes a moment to die on a loaded machine: after the first rounds, give it that moment.
-  [ $rounds -gt 10 ] && sleep 0.02
-done
-"""
+_KILL_WAIT_S = 10.0
 _SETUP = r"""
 set -e
 user=$1; workdir=$2; uid=$3
@@ -69,11 +53,15 @@ home=$(getent passwd "$user" 2>/dev/null | cut -d: -f6 || true)
 [ -n "$home" ] || home=$( [ "$user" = root ] && echo /root || echo "/home/$user")
 mkdir -p "$home"
 if [ "$user" != root ]; then chown -R "$user": "$workdir" "$home" /logs/agent; fi
-printf '%s %s %s %s\n' "$(id -u "$user")" "$(id -g "$user")" "$home" "$(cat /proc/1/task/1/children)"
+printf '%s %s %s\n' "$(id -u "$user")" "$(id -g "$user")" "$home"
 """
+# The fields after the process's name, which the agent chooses (spaces and ")" included), so they are read after
+# the name's last ")": state ppid pgrp session tty_nr tpgid. Kills the terminal's foreground group unless it is
+# the shell's own; never a group number of 1 or less ("kill -9 -1" would signal every process).
 _FOREGROUND = r"""
-set -- $(cat /proc/$1/stat)
-[ "$8" -gt 0 ] && [ "$8" != "$5" ] && kill -9 "-$8"
+stat=$(cat "/proc/$1/stat") || exit 1
+set -- ${stat##*) }
+[ "$6" -gt 1 ] && [ "$6" != "$3" ] && kill -9 "-$6"
 """
 
 
@@ -87,7 +75,9 @@ class DockerMachine(Machine):
         self.warnings = warnings
         self.agent_uid = self.agent_gid = 0
         self.agent_home = "/root"
-        self._main_pid = "0"
+        self._group: Path | None = None  # the container's cgroup, where this process can see it
+        self._freezer: Path | None = None  # the file that freezes it
+        self._spared: set[int] = set()  # host pids of docker-init and the main process
         self._lock = asyncio.Lock()
         self._shells: list[TerminalSession] = []
         self._closed = False
@@ -103,11 +93,12 @@ class DockerMachine(Machine):
             result = await machine.exec(["sh", "-c", _SETUP, "setup", spec.agent_user, spec.workdir, str(AGENT_UID)], cwd="/",
                                         timeout_s=60)
             fields = result.stdout.decode(errors="replace").split()
-            if not result.ok or len(fields) < 4:
+            if not result.ok or len(fields) < 3:
                 raise SandboxError(f"setting up the container of {spec.image} failed (exit {result.exit_code}): "
                                    f"{(result.stderr or result.stdout).decode(errors='replace')[-1500:]}")
             machine.agent_uid, machine.agent_gid = int(fields[0]), int(fields[1])
-            machine.agent_home, machine._main_pid = fields[2], fields[3]
+            machine.agent_home = fields[2]
+            await asyncio.to_thread(machine._find_group)
         except BaseException:
             await machine.close()
             raise
@@ -128,11 +119,11 @@ class DockerMachine(Machine):
     async def put_files(self, dest: str, files: Mapping[str, bytes], *, owner: str = "root") -> None:
         uid, gid = (0, 0) if owner in ("root", "0") else (self.agent_uid, self.agent_gid)
         archive = _tar(files, uid, gid)
-        made = await self.exec(["mkdir", "-p", dest], timeout_s=30)
+        made = await self.exec(["mkdir", "-p", dest], cwd="/", timeout_s=30)
         if not made.ok:
             raise SandboxError(f"cannot create {dest}: {made.stderr.decode(errors='replace')[-500:]}")
         if owner not in ("root", "0"):
-            await self.exec(["chown", f"{uid}:{gid}", dest], timeout_s=30)
+            await self.exec(["chown", f"{uid}:{gid}", dest], cwd="/", timeout_s=30)
         await asyncio.to_thread(self.api.put_archive, self.container_id, dest, archive)
 
     async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes | None:
@@ -140,8 +131,8 @@ class DockerMachine(Machine):
         # test-only path would), so the agent cannot point a reward file at something else.
         script = ('f=$1; d=${f%/*}; d=${d:-/}; cd -P -- "$d" 2>/dev/null && [ "$(pwd -P)" = "$d" ] && [ -f "$f" ] && '
                   '[ ! -L "$f" ] || exit 3; head -c "$2" -- "$f"')
-        result = await self.exec(["sh", "-c", script, "read", posixpath.normpath(path), str(max_bytes)], timeout_s=30,
-                                 max_output_bytes=max_bytes)
+        result = await self.exec(["sh", "-c", script, "read", posixpath.normpath(path), str(max_bytes)], cwd="/",
+                                 timeout_s=30, max_output_bytes=max_bytes)
         return result.stdout if result.exit_code == 0 else None
 
     async def open_shell(self, *, env: Mapping[str, str] | None = None,
@@ -150,8 +141,7 @@ class DockerMachine(Machine):
         environment = {**_image_env(self.spec, user, self.agent_home), **(env or {})}
 
         async def open_transport() -> _ExecTerminal:
-            raw = await asyncio.to_thread(_open_tty_exec, self.api, self.container_id, user, environment,
-                                          self.spec.workdir)
+            raw = await asyncio.to_thread(_open_tty_exec, self.api, self.container_id, user, environment, "/")
             reader, writer = await asyncio.open_connection(sock=raw)
             return _ExecTerminal(self, reader, writer)
 
@@ -167,12 +157,42 @@ class DockerMachine(Machine):
             await self._kill_all()
 
     async def _kill_all(self) -> None:
-        result = await asyncio.to_thread(_exec, self.api, self.container_id, ["sh", "-c", _KILL_ALL, "kill",
-                                         self._main_pid, str(_KILL_ROUNDS)], "0", {"PATH": base_env(self.spec, "root", "/root")["PATH"]},
-                                         "/", b"", 60.0, 4096)
-        if result.exit_code != 0:
-            raise SandboxError(f"processes survived {_KILL_ROUNDS} rounds of kill -9 in {self.container_id[:12]} "
-                               f"({result.stdout.decode(errors='replace').strip()[:300]}; exit {result.exit_code})")
+        survivors = await asyncio.to_thread(self._kill_agent_processes)
+        if survivors:
+            raise ProcessesSurvived(f"processes (host pids {sorted(survivors)}) survived being killed in container "
+                                    f"{self.container_id[:12]}", tuple(sorted(survivors)))
+
+    def _find_group(self) -> None:
+        """Where the container's cgroup is and which of its processes are the container's own (blocking)."""
+        init = int(self.api.inspect_container(self.container_id)["State"]["Pid"])
+        group = cgroups.group_of(init)
+        if group is None or not cgroups.may_signal(init):
+            self.warnings.append("this engine's containers are out of this process's reach (an engine on another host, "
+                                 "or a rootless one): the agent's processes are killed by restarting the container, "
+                                 "which empties /dev/shm")
+            return
+        main: set[int] = set()
+        for _ in range(500):  # docker-init starts the main process at once; it is the only other member now
+            main = cgroups.members(group) - {init}
+            if main:
+                break
+            time.sleep(0.002)
+        if len(main) != 1:
+            raise SandboxError(f"container {self.container_id[:12]}: expected docker-init and one main process in its "
+                               f"cgroup, found {sorted(cgroups.members(group))}")
+        self._group, self._freezer, self._spared = group, cgroups.freezer_of(init), {init, *main}
+
+    def _kill_agent_processes(self) -> set[int]:
+        """SIGKILL every process but the container's own until its cgroup lists none (blocking); the survivors.
+
+        The container is frozen through its cgroup, not the engine's pause, whose state lags behind (an exec
+        right after an unpause can still find the container paused).
+        """
+        group = self._group
+        if group is None:
+            self.api.restart(self.container_id, timeout=0)  # the PID namespace, and all in it, ends with its init
+            return set()
+        return cgroups.kill_until_gone(lambda: cgroups.members(group) - self._spared, self._freezer, _KILL_WAIT_S)
 
     async def _kill_shell_tree(self) -> None:
         async with self._lock:
@@ -194,7 +214,7 @@ class DockerMachine(Machine):
                 await shell.close()
             except Exception:  # noqa: BLE001 - the container goes anyway
                 pass
-        await asyncio.to_thread(_remove, self.api, self.container_id)
+        await asyncio.to_thread(remove_container, self.api, self.container_id)
 
 
 class _ExecTerminal:
@@ -267,7 +287,7 @@ def _create(spec: MachineSpec) -> tuple[Any, str, list[str]]:
             break
         except docker.errors.APIError as exc:
             if container_id is not None:
-                _remove(api, container_id)
+                remove_container(api, container_id)
                 container_id = None
             if storage_opt and "storage" in str(exc).lower():
                 warnings.append(f"storage_mb={spec.storage_mb} is not enforced as a disk quota: this engine's storage "
@@ -314,12 +334,12 @@ def _exec(api: Any, container_id: str, argv: list[str], user: str, env: Mapping[
             if not data:
                 break
             pending += data
-            while len(pending) >= _HEADER.size:
-                kind, size = _HEADER.unpack_from(pending)
-                if len(pending) < _HEADER.size + size:
+            while len(pending) >= STREAM_HEADER.size:
+                kind, size = STREAM_HEADER.unpack_from(pending)
+                if len(pending) < STREAM_HEADER.size + size:
                     break
-                chunk = bytes(pending[_HEADER.size:_HEADER.size + size])
-                del pending[:_HEADER.size + size]
+                chunk = bytes(pending[STREAM_HEADER.size:STREAM_HEADER.size + size])
+                del pending[:STREAM_HEADER.size + size]
                 target = streams.get(kind)
                 if target is None:
                     continue

@@ -25,3 +25,15 @@ class ProtocolViolation(SandboxError):
 
 class WorkerGone(SandboxError):
     """The worker's channel closed: the process exited, was killed, or closed its end."""
+
+
+class ProcessesSurvived(SandboxError):
+    """Processes of a machine were still running after every one of them was killed.
+
+    What the machine's code did (a process that keeps escaping the kill), not a failure of the sandbox:
+    callers score it as the agent's failure. ``survivors`` are host pids, as the machine's cgroup lists them.
+    """
+
+    def __init__(self, message: str, survivors: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.survivors = survivors

@@ -292,7 +292,7 @@ def _smoke_test(tag: str, say: Progress) -> None:
         status = api.wait(container, timeout=60)["StatusCode"]
         output = api.logs(container).decode(errors="replace").strip()
     finally:
-        api.remove_container(container, force=True)
+        api.remove_container(container, force=True, v=True)
     if status != 0 or output != "ok":
         api.remove_image(tag, force=True)
         raise ImageBuildError(f"the new image {tag} cannot run sandbox workers (exit {status}): {output[-2000:]}")

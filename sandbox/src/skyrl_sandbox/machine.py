@@ -82,7 +82,7 @@ class Machine(abc.ABC):
         """Run one command to completion (``env`` replaces the base environment's keys it names).
 
         A time-out kills every process of the machine (but the machine itself) and is reported in the
-        result, never raised.
+        result, never raised (but :class:`~skyrl_sandbox.errors.ProcessesSurvived` when that kill does not hold).
         """
 
     @abc.abstractmethod
@@ -99,11 +99,18 @@ class Machine(abc.ABC):
     @abc.abstractmethod
     async def open_shell(self, *, env: Mapping[str, str] | None = None,
                          max_output_bytes: int = 16 * 1024) -> TerminalSession:
-        """A started persistent shell as the agent user in the work directory."""
+        """A started persistent shell as the agent user in the work directory.
+
+        The shell starts in ``/`` and enters the work directory itself, so a work directory the agent made
+        unenterable leaves the next shell in ``/`` instead of failing to start it.
+        """
 
     @abc.abstractmethod
     async def kill_processes(self) -> None:
-        """Kill every process in the machine (shells included) but the machine's own; raises when some survive."""
+        """Kill every process in the machine (shells included) but the machine's own.
+
+        Raises :class:`~skyrl_sandbox.errors.ProcessesSurvived` when the machine's cgroup still lists one after.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -111,7 +118,7 @@ class Machine(abc.ABC):
 
     async def _start_shell(self, open_transport: Callable[[], Awaitable[TerminalTransport]],
                            max_output_bytes: int) -> TerminalSession:
-        session = TerminalSession(open_transport, max_output_bytes=max_output_bytes)
+        session = TerminalSession(open_transport, max_output_bytes=max_output_bytes, workdir=self.spec.workdir)
         await session.start()
         self._shells.append(session)
         return session

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import weakref
@@ -13,6 +12,7 @@ from typing import Any
 
 from . import framing
 from .cgroups import WorkerCgroup
+from .dirs import remove_tree
 from .errors import WorkerGone
 from .launch import LaunchPlan
 
@@ -178,4 +178,4 @@ def _kill_and_remove(popen: subprocess.Popen, host_dir: Path, owner_pid: int, cg
                 stream.close()
             except OSError:
                 pass
-    shutil.rmtree(host_dir, ignore_errors=True)
+    remove_tree(host_dir)

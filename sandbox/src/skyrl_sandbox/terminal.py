@@ -22,12 +22,14 @@ import asyncio
 import base64
 import re
 import secrets
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-SHELL_ARGV = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
+# +o history: no history file is read at start (one the agent made a FIFO would hang every new shell).
+SHELL_ARGV = ["bash", "--noprofile", "--norc", "--noediting", "+o", "history", "-i"]
 _CHUNK = 1000  # base64 characters per typed line
 _INTERRUPT_GRACE_S = 2.0
 _START_TIMEOUT_S = 20.0
@@ -105,9 +107,10 @@ class TerminalSession:
     """One persistent shell; start with :meth:`start`, then :meth:`run` commands one at a time."""
 
     def __init__(self, open_transport: Callable[[], Awaitable[TerminalTransport]], *,
-                 max_output_bytes: int = 16 * 1024) -> None:
+                 max_output_bytes: int = 16 * 1024, workdir: str | None = None) -> None:
         self._open_transport = open_transport
         self.max_output_bytes = max_output_bytes
+        self.workdir = workdir  # entered by the shell itself: one the agent made unenterable leaves it in /
         self._transport: TerminalTransport | None = None
         self._pending = bytearray()  # read past the last marker
         self._lock = asyncio.Lock()
@@ -119,7 +122,8 @@ class TerminalSession:
         self._transport = await self._open_transport()
         self._pending.clear()
         token = secrets.token_hex(8)
-        setup = ("stty -echo -onlcr 2>/dev/null; PS1=; PS2=; PS0=; PROMPT_COMMAND=; unset HISTFILE; "
+        enter = f"cd -- {shlex.quote(self.workdir)} 2>/dev/null || cd /; " if self.workdir else ""
+        setup = (f"stty -echo -onlcr 2>/dev/null; {enter}PS1=; PS2=; PS0=; PROMPT_COMMAND=; unset HISTFILE; "
                  "set +o history; export PAGER=cat GIT_PAGER=cat; "
                  f"printf '\\n%s%s %s\\n' {_MARKER}READY_ {token} $$\n")
         self._transport.write(setup.encode())
