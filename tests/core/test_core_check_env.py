@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import warnings
 
 import pytest
 from core_envs import CountdownEnv
@@ -78,3 +79,18 @@ def test_broken_envs_fail_with_a_named_check(env_cls, expected):
     with pytest.raises(EnvCheckError) as err:
         check_env(env_cls, tasks=TASKS, config={"max_turns": 3})
     assert expected in str(err.value)
+
+
+class WarnsAboutItsData(CountdownEnv):
+    @classmethod
+    def load_dataset(cls, split="train", config=None):
+        warnings.warn("rows.jsonl:3: the gold answer looks truncated", UserWarning, stacklevel=2)
+        warnings.warn("rows.jsonl:3: the gold answer looks truncated", UserWarning, stacklevel=2)
+        return super().load_dataset(split, config)
+
+
+def test_dataset_warnings_are_reported_without_failing_the_check():
+    report = check_env(WarnsAboutItsData, config={"max_turns": 3}, n_tasks=1)
+    assert not report.failed
+    assert report.warnings == ["rows.jsonl:3: the gold answer looks truncated"]
+    assert check_env(CountdownEnv, config={"max_turns": 3}, n_tasks=1).warnings == []

@@ -247,19 +247,22 @@ def test_containers_are_removed_whatever_ends_the_episode(docker_backend: str, h
         (hello, [bash("sleep 100")], {"agent_timeout_s": 1}),  # out of time
         (hello, [bash("kill -9 $$"), bash("exit")], {"max_turns": 2}),  # turn limit, shell gone
         (hello, [bash("sleep 1000 &", "yes > /dev/null &", done=True)], {"verifier_timeout_s": 1}),
-        (broken_setup, [bash("true", done=True)], {}),  # the machine breaks between steps
+        (broken_setup, [bash("true", done=True)], {}),  # the machine breaks between steps: scored, as the agent
+        # could have broken what the setup needs
     ]
     ends = []
     for row, replies, config in episodes:
         results, _ = play(row, replies, backend=docker_backend, **config)
-        ends.append(results[-1].info.get("end_reason") or results[-1].info.get("error"))
+        info = results[-1].info
+        ends.append(info.get("agent_failure") or info.get("end_reason") or info.get("error"))
         assert our_containers() == [], f"a container outlived the episode that ended with {ends[-1]!r}"
     assert ends[:3] == ["done", "agent_timeout", "turn_limit"]
     assert "setup of step two failed (exit 3)" in ends[4] and "setup broke" in ends[4]
 
 
-def test_a_container_is_removed_when_the_episode_ends_with_an_error_even_before_close(
+def test_a_container_is_removed_when_a_later_steps_setup_fails_even_before_close(
         docker_backend: str, tmp_path: Path) -> None:
+    """After the agent's commands, a failing setup is scored (the agent may have broken what it needs), not dropped."""
     row = write_task(tmp_path / "two-steps", {
         "steps/one/instruction.md": "One.\n", "steps/one/tests/test.sh": PASS_SH,
         "steps/two/instruction.md": "Two.\n", "steps/two/tests/test.sh": PASS_SH,
@@ -268,9 +271,10 @@ def test_a_container_is_removed_when_the_episode_ends_with_an_error_even_before_
     try:
         env.reset()
         result = env.step(bash("true", done=True))
-        assert result.truncated and "setup of step two failed" in result.info["error"]
+        assert result.truncated and "error" not in result.info
+        assert "setup of step two failed" in result.info["agent_failure"] and result.info["step_rewards"] == [1.0, 0.0]
         assert our_containers() == []
-        assert env.get_metrics()["container_errors"] == 1.0
+        assert env.get_metrics()["container_errors"] == 0.0 and env.get_metrics()["agent_failures"] == 1.0
     finally:
         env.close()
 

@@ -100,7 +100,8 @@ def check_command(
                                           "determinism; repeatable."),
     overrides: list[str] | None = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
 ) -> None:
-    """Run the env conformance checker (skyrl_core.testing.check_env) and print each check."""
+    """Run the env conformance checker (skyrl_core.testing.check_env) and print each check, and each warning
+    its dataset raised (WARN lines, which never fail the check)."""
     from skyrl_core.config import parse_overrides
     from skyrl_core.testing import check_env
 
@@ -114,9 +115,12 @@ def check_command(
         typer.echo(f"PASS  {report.label(name)}")
     for name in report.skipped:
         typer.echo(f"SKIP  {report.label(name)}")
+    for warning in report.warnings:
+        typer.echo(f"WARN  {warning}")
     for problem in report.failed:
         typer.echo(f"FAIL  {problem}")
-    typer.echo(f"{len(report.passed)} passed, {len(report.failed)} failed, {len(report.skipped)} skipped")
+    summary = f"{len(report.passed)} passed, {len(report.failed)} failed, {len(report.skipped)} skipped"
+    typer.echo(summary + (f", {len(report.warnings)} warning(s)" if report.warnings else ""))
     if report.failed:
         raise typer.Exit(1)
 

@@ -182,7 +182,8 @@ class TextEnv(gymnasium.Env):
 
         Each row is one ``task``; a ``name``, ``id`` or ``task_id`` field names it in reports.
         The same split and config must give the same rows (``skyrl check --all-rows`` names failing
-        rows by their index and name).
+        rows by their index and name). A ``UserWarning`` it raises about the data (a task file that
+        loads but is suspect) is shown by ``skyrl check`` as a ``WARN`` line that does not fail it.
         """
         raise NotImplementedError(f"{cls.__name__} has no built-in dataset; give data files in the config")
 

@@ -10,7 +10,9 @@ truncates; that a seed makes episodes repeat exactly; that each row's prompt bui
 ``gold_actions()`` reach the top of its reward range (one check a task, ``prompt[i]`` and
 ``gold[i] (task-name)``, the latter played by :func:`skyrl_core.oracle.play_gold`); that a fresh
 env pickles (remote workers); that the async ``astep`` agrees with ``step``; that ``close()`` can
-be called twice; and that Gymnasium's own ``check_env`` passes without warnings.
+be called twice; and that Gymnasium's own ``check_env`` passes without warnings. Warnings that loading
+the env's dataset raises (``UserWarning`` and its subclasses, e.g. a task file the env's loader
+flags) are kept in the report, never failing it.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class EnvCheckError(AssertionError):
 
 @dataclass
 class EnvCheckReport:
-    """Check ids that passed or were skipped, and ``"<label>: <problem>"`` for each failure.
+    """Check ids that passed or were skipped, ``"<label>: <problem>"`` for each failure, and the warnings
+    raised while loading the env's dataset (they never fail the check).
 
     Ids are stable (``gold[2]``); :meth:`label` adds the task's name where the row has one
     (``gold[2] (builtin-3)``), as the CLI prints them.
@@ -75,6 +78,7 @@ class EnvCheckReport:
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def label(self, check: str) -> str:
         return self.labels.get(check, check)
@@ -104,12 +108,12 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
         config = validate_config(cls.config_class, config or {}, "env")
     if n_tasks < 0:
         raise ValueError(f"n_tasks must be 0 (all rows) or more, got {n_tasks}")
+    report = EnvCheckReport(env if isinstance(env, str) else cls.__name__)
     if tasks is None:
-        rows = list(cls.load_dataset("train", config))
+        rows = _dataset_rows(cls, config, report)
         tasks = rows[:n_tasks] if n_tasks else rows
     if not tasks:
         raise EnvCheckError(f"{cls.__name__}: no tasks to check with (pass tasks=...)")
-    report = EnvCheckReport(env if isinstance(env, str) else cls.__name__)
     deterministic = "determinism" not in skip
     checks: list[tuple[str, Callable[[], str | None]]] = [
         ("pickle", lambda: _check_pickle(cls, config, tasks[0])),
@@ -150,6 +154,19 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     if report.failed and raise_on_failure:
         raise EnvCheckError(f"{report.env} failed {len(report.failed)} check(s):\n  " + "\n  ".join(report.failed))
     return report
+
+
+def _dataset_rows(cls: type[TextEnv], config: EnvConfig, report: EnvCheckReport) -> list[Mapping[str, Any]]:
+    """The env's train rows; the ``UserWarning``s that loading them raises go to ``report.warnings``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = list(cls.load_dataset("train", config))
+    for warning in caught:
+        if not issubclass(warning.category, UserWarning):  # a library's: shown as it would have been
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        elif str(warning.message) not in report.warnings:
+            report.warnings.append(str(warning.message))
+    return rows
 
 
 def _family(check: str) -> str:

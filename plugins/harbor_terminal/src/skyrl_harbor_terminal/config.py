@@ -22,6 +22,10 @@ class HarborTerminalConfig(EnvConfig):
     agent_timeout_s: float | None = Field(None, gt=0, description="Time the agent's commands may run per step; "
                                                                   "default: the step's [agent] timeout_sec.")
     verifier_timeout_s: float | None = Field(None, gt=0, description="Default: the task's [verifier] timeout_sec.")
+    verifier_cwd: str = Field("/tests", pattern=r"^(/.*|workdir)$", description=(
+        "Where test.sh starts: /tests (root's, freshly copied), another absolute path, or 'workdir' for the task's "
+        "work directory as Harbor does (the agent's folder: a module it left there shadows what the tests "
+        "import by relative path; PYTHONSAFEPATH=1 still keeps python -m from the current folder)."))
     max_output_bytes: int = Field(8192, ge=256, description="Output kept per command block (head and tail).")
     max_commands_per_turn: int = Field(8, ge=1, description="Command blocks run per action; more are refused.")
     agent_user: str = Field("agent", description="Unprivileged user the agent's shell runs as, unless the task's "

@@ -12,14 +12,19 @@ stops it), and the episode's reward combines the steps' (``multi_step_reward_str
 paid on the last turn, every other turn's reward is 0. The machine is removed when the episode
 ends, whatever happened.
 
-An environment that cannot be built or started, or a machine that breaks, ends that episode with
-``info["error"]``; other episodes go on.
+An environment that cannot be built or started ends that episode with ``info["error"]`` (dropped
+from training); other episodes go on. Once the agent has run a command, whatever breaks (the shell
+will not start again, the work directory is unusable, the container stopped, a process survived
+the kill before the tests) may be the agent's doing, and an error would let a policy escape a bad
+reward: the episode is scored instead (the step's tests where they can still run, else 0), with
+``info["agent_failure"]`` saying what broke, and counted in the ``agent_failures`` metric.
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -32,14 +37,16 @@ from skyrl_sandbox.terminal import CommandResult, TerminalSession
 
 from .actions import parse_action
 from .config import HarborTerminalConfig
+from .lint import lint_task, task_workdir
 from .provision import Provisioner, Started, TaskEnvironmentError, provisioner
-from .task import HarborTask, Step, combine_rewards, load_task
-from .verifier import Verdict, verify
+from .task import HarborTask, HarborTaskWarning, Step, combine_rewards, load_task
+from .verifier import TESTS_DIR, Verdict, verify
 
 log = logging.getLogger(__name__)
 
 BUILTIN_TASKS = Path(__file__).resolve().parent / "tasks"
 CLOSE_TIMEOUT_S = 60.0
+STEP_SETUP_DIR = "/logs/.step-setup"
 ACTION_FORMAT = """\
 You are in a Linux terminal as the user `{user}`, in {workdir}. Reply with shell commands in a ```bash code \
 block: they run in one persistent bash shell (cd and variables carry over), and you see their output and exit \
@@ -77,7 +84,10 @@ class HarborTerminalEnv(TextEnv):
     @classmethod
     def load_dataset(cls, split: str = "train", config: HarborTerminalConfig | None = None) -> Sequence[dict[str, Any]]:
         """Every task of ``config.tasks`` (default: the built-in tasks), for any split."""
-        return task_rows(config.tasks if config else None)
+        rows = task_rows(config.tasks if config else None)
+        if config is not None and config.verifier_cwd != TESTS_DIR:
+            warn_where_the_tests_start(rows, config.verifier_cwd)
+        return rows
 
     # -- episodes ---------------------------------------------------------------------------------
 
@@ -89,8 +99,10 @@ class HarborTerminalEnv(TextEnv):
         self.total_agent_seconds = 0.0
         self.oracle = False
         self.ended = False
+        self.agent_acted = False  # a command of the agent's ran: from then on, failures are scored, not errors
+        self.step_ready = False  # the current step's setup ran
         self.counters = {"commands": 0, "command_timeouts": 0, "shell_restarts": 0, "truncated_outputs": 0,
-                         "no_command_turns": 0, "refused_blocks": 0}
+                         "no_command_turns": 0, "refused_blocks": 0, "agent_failures": 0}
         self.timings = {"build_s": 0.0, "start_s": 0.0, "wait_s": 0.0, "verify_s": 0.0}
         self.container_error = False
         self.final_reward: float | None = None
@@ -159,8 +171,8 @@ class HarborTerminalEnv(TextEnv):
             return result
         try:
             reward, info = await self._finish("turn_limit")
-        except Exception as exc:  # noqa: BLE001 - reported like any env failure
-            return await self._error_result(exc)
+        except Exception as exc:  # noqa: BLE001 - this episode ends; the batch goes on
+            return await self._failed(exc)
         return StepResult(result.observation, result.reward + reward, result.terminated, True,
                           {**result.info, **info})
 
@@ -168,7 +180,37 @@ class HarborTerminalEnv(TextEnv):
         try:
             return await self._act_inner(action)
         except Exception as exc:  # noqa: BLE001 - this episode ends; the batch goes on
+            return await self._failed(exc)
+
+    async def _failed(self, exc: Exception) -> StepResult:
+        """End the episode on ``exc``: an env error before the agent's first command, scored after it."""
+        if not self.agent_acted:
             return await self._error_result(exc)
+        reason = f"{type(exc).__name__}: {exc}"
+        log.info("task %s: the machine broke after the agent's commands; scored as the agent's failure: %s",
+                 self.harbor_task.name, reason)
+        self.counters["agent_failures"] += 1
+        verified = len(self.verdicts) > self.step_index
+        tests_ran = False
+        if not self.ended and self.step_ready and not verified:
+            try:
+                await self._finish("agent_failure")
+                tests_ran = True
+            except Exception:  # noqa: BLE001 - the tests cannot run in what the agent left: reward 0
+                log.debug("the tests could not run after the agent's failure", exc_info=True)
+        self.ended = True
+        try:
+            await self._release_machine()
+        except Exception:  # noqa: BLE001 - machines are swept by label/owner when their owner is gone
+            log.warning("removing the task machine failed", exc_info=True)
+        if not tests_ran and len(self.step_rewards) <= self.step_index:
+            self.step_rewards.append(0.0)
+        reward, info = self._summary("agent_failure")
+        info["agent_failure"] = reason
+        if not tests_ran:
+            info["reward_problem"] = (f"the machine broke after the agent's commands ({reason}), and step "
+                                      f"{self.current_step.name}'s tests could not run: its reward is 0")
+        return StepResult([{"role": "user", "content": f"[the episode ended: {reason}]"}], reward, False, True, info)
 
     async def _act_inner(self, action: str) -> StepResult:
         parsed = parse_action(action)
@@ -187,6 +229,7 @@ class HarborTerminalEnv(TextEnv):
                 if left <= 0:
                     notes.append("[the agent's time for this task ran out; remaining commands were not run]")
                     break
+                self.agent_acted = True
                 result = await shell.run(block, min(self.config.command_timeout_s, left))
                 self.agent_seconds += result.duration_s
                 self.total_agent_seconds += result.duration_s
@@ -214,7 +257,9 @@ class HarborTerminalEnv(TextEnv):
         verdict = await self._verify_step()
         last = self.step_index == len(task.steps) - 1
         below = step.min_reward is not None and verdict.reward < step.min_reward
-        if last or below or reason == "agent_timeout" or self.turn >= self.max_turns:
+        if verdict.agent_failure:
+            self.counters["agent_failures"] += 1
+        if last or below or verdict.agent_failure or reason == "agent_timeout" or self.turn >= self.max_turns:
             reward, info = await self._finish(reason, verified=True)
             truncated = reason != "done" or (not last and not below)
             return StepResult([{"role": "user", "content": observation}] if observation else [], reward,
@@ -232,24 +277,29 @@ class HarborTerminalEnv(TextEnv):
         self._shell = None  # verification kills it
         step = self.current_step
         timeout = self.config.verifier_timeout_s or step.verifier_timeout_sec
-        verdict = await verify(machine, self.harbor_task, step, timeout)
+        cwd = machine.spec.workdir if self.config.verifier_cwd == "workdir" else self.config.verifier_cwd
+        verdict = await verify(machine, self.harbor_task, step, timeout, cwd=cwd)
         self.verdicts.append(verdict)
         self.step_rewards.append(verdict.reward)
         self.timings["verify_s"] += verdict.duration_s
         return verdict
 
     async def _finish(self, reason: str, verified: bool = False) -> tuple[float, dict[str, Any]]:
-        """Verify the current step unless done, combine the rewards, remove the machine."""
-        task = self.harbor_task
+        """Verify the current step unless done, remove the machine, combine the rewards."""
         try:
             if not verified and self._machine is not None:
                 await self._verify_step()
-            reward = combine_rewards(task.reward_strategy, self.step_rewards,
-                                     [step.contributes_to_reward for step in task.steps])
-            self.final_reward = reward
         finally:
             self.ended = True
             await self._release_machine()
+        return self._summary(reason)
+
+    def _summary(self, reason: str) -> tuple[float, dict[str, Any]]:
+        """The episode's reward from its steps' and what the last verification said."""
+        task = self.harbor_task
+        reward = combine_rewards(task.reward_strategy, self.step_rewards,
+                                 [step.contributes_to_reward for step in task.steps])
+        self.final_reward = reward
         last = self.verdicts[-1] if self.verdicts else None
         info: dict[str, Any] = {"end_reason": reason, "task": task.name, "step_rewards": list(self.step_rewards)}
         if last is None:
@@ -259,6 +309,8 @@ class HarborTerminalEnv(TextEnv):
                         verifier_output_tail=last.output_tail[-1000:])
             if last.problem:
                 info["reward_problem"] = last.problem
+            if last.agent_failure:
+                info["agent_failure"] = last.agent_failure
         return reward, info
 
     async def _ensure_machine(self) -> Machine:
@@ -282,16 +334,21 @@ class HarborTerminalEnv(TextEnv):
 
     async def _start_step(self) -> None:
         assert self._machine is not None
+        self.step_ready = False
         step = self.current_step
         if step.setup_script is not None:
-            await self._machine.put_files("/skyrl-setup", {"setup.sh": step.setup_script.read_bytes()})
-            result = await self._machine.exec(["bash", "/skyrl-setup/setup.sh"], timeout_s=120)
-            await self._machine.exec(["rm", "-rf", "/skyrl-setup"], cwd="/")
+            # In a folder every backend can write (no process of the agent's runs now: the last verification
+            # killed them), removed before the agent's next command.
+            await self._machine.exec(["rm", "-rf", STEP_SETUP_DIR], cwd="/")
+            await self._machine.put_files(STEP_SETUP_DIR, {"setup.sh": step.setup_script.read_bytes()})
+            result = await self._machine.exec(["bash", f"{STEP_SETUP_DIR}/setup.sh"], timeout_s=120)
+            await self._machine.exec(["rm", "-rf", STEP_SETUP_DIR], cwd="/")
             if not result.ok:
                 raise TaskEnvironmentError(f"task {self.harbor_task.name}: setup of step {step.name} failed "
                                            f"(exit {result.exit_code}): {result.stderr.decode(errors='replace')[-800:]}")
         if self.oracle:
             await self._machine.put_files("/solution", self.harbor_task.solution_files(step))
+        self.step_ready = True
 
     async def _ensure_shell(self) -> TerminalSession:
         machine = await self._ensure_machine()
@@ -370,6 +427,16 @@ class HarborTerminalEnv(TextEnv):
         state = dict(self.__dict__)
         state.update(_machine=None, _provisioner=None, _shell=None)
         return state
+
+
+def warn_where_the_tests_start(rows: Sequence[dict[str, Any]], verifier_cwd: str) -> None:
+    """The task lint's findings that only hold for tests started in ``verifier_cwd`` (the loader assumes /tests)."""
+    for row in rows:
+        task = cached_task(row["task_path"])
+        cwd = task_workdir(task) if verifier_cwd == "workdir" else verifier_cwd
+        for finding in sorted(set(map(str, lint_task(task, cwd=cwd))) - set(map(str, lint_task(task)))):
+            warnings.warn(f"{task.path}/{finding} (with env.verifier_cwd={verifier_cwd})", HarborTaskWarning,
+                          stacklevel=3)
 
 
 def resolve_backend(requested: str, task: HarborTask) -> str:

@@ -15,6 +15,7 @@ adds ``[[steps]]`` tables and ``steps/<name>/`` folders. Where our behaviour dif
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+
+from .lint import lint_task
 
 DEFAULT_TIMEOUT_SEC = 600.0
 DEFAULT_CPUS = 1.0
@@ -175,7 +178,11 @@ def load_task(path: str | os.PathLike[str]) -> HarborTask:
         authors=_authors(reader, info),
         keywords=tuple(reader.str_list(info, "keywords", "[task]")),
     )
-    return HarborTask(**fields, warnings=tuple(reader.warnings))  # last: every check above may warn
+    task = HarborTask(**fields, warnings=tuple(reader.warnings))  # last: every check above may warn
+    findings = [f"{task_dir}/{finding}" for finding in lint_task(task)]  # tests a policy can game (see .lint)
+    for finding in findings:
+        warnings.warn(finding, HarborTaskWarning, stacklevel=2)
+    return dataclasses.replace(task, warnings=task.warnings + tuple(findings))
 
 
 class _Reader:

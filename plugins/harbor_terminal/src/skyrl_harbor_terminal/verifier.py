@@ -1,11 +1,15 @@
 """Run a step's tests in the machine and read the reward, the way Harbor's verifier does.
 
-Before the tests arrive, every process of the agent is killed and ``/tests``, ``/logs/verifier``
-and ``/solution`` are emptied: whatever the agent wrote there (a reward file, a fake test) is gone,
-and nothing it started can rewrite results while the tests run. ``tests/`` is copied to ``/tests``
-only now, and ``bash /tests/test.sh`` runs as the task's verifier user (root unless the task says
-otherwise) with the base environment plus the task's verifier ``env``, never the agent shell's, and a
-private ``TMPDIR``.
+Before the tests arrive, every process of the agent is killed, and the machine's cgroup must say
+that none is left: a process that survives (one that looks dead in ``/proc`` while its threads run,
+say) gives reward 0 and the reason, and the tests never run. Then ``/tests``, ``/logs/verifier``
+and ``/solution`` are emptied: whatever the agent wrote there (a reward file, a fake test) is gone.
+``tests/`` is copied to ``/tests`` only now, and ``bash /tests/test.sh`` runs as the task's verifier
+user (root unless the task says otherwise) in a state the agent cannot shape: in ``/tests`` (not the
+agent's work directory, unless ``verifier_cwd`` says so), with the base environment plus the task's
+verifier ``env``, never the agent shell's, a private ``TMPDIR``, and ``PYTHONSAFEPATH=1`` and
+``PYTHONNOUSERSITE=1``, so ``python -m pytest`` imports nothing from the current folder (where an
+agent's ``pytest.py`` would run in place of the tests) nor from a user's site folder.
 Processes the tests leave are killed before the reward file is read (as root, without following a
 symlink). ``reward.txt`` holds one number; ``reward.json`` an object whose ``reward`` (or only)
 value is a number. A missing or malformed reward gives 0 and says why.
@@ -18,6 +22,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from skyrl_sandbox.errors import ProcessesSurvived
 from skyrl_sandbox.machine import Machine
 
 from .task import HarborTask, Step
@@ -35,6 +40,10 @@ _PREPARE = ("chmod u+rwx /logs 2>/dev/null; for d in /tests /logs/verifier /solu
             f"rm -rf {VERIFIER_TMP} && mkdir -m 1777 {VERIFIER_TMP}")
 _OUTPUT_TAIL = 4000
 _MAX_REWARD_FILE = 64 * 1024
+TESTS_DIR = "/tests"
+# Python started by the tests finds nothing of the agent's on its path: not the current folder (-m, -c), not a
+# user site folder. A task's [verifier] env may set these otherwise.
+VERIFIER_PYTHON_ENV = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1"}
 
 
 @dataclass(frozen=True)
@@ -48,22 +57,30 @@ class Verdict:
     timed_out: bool
     output_tail: str
     duration_s: float
+    agent_failure: str | None = None  # the agent left the machine in a state the tests cannot be trusted in
 
 
-async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: float) -> Verdict:
+async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: float, cwd: str = TESTS_DIR) -> Verdict:
+    """Run the step's tests in ``machine`` (``cwd``: where test.sh starts) and read their reward."""
     started = time.monotonic()
-    await machine.kill_processes()
+    try:
+        await machine.kill_processes()
+    except ProcessesSurvived as exc:
+        return _survived(exc, "before the tests: they were not run", started)
     prepared = await machine.exec(["sh", "-c", _PREPARE], cwd="/", timeout_s=60)
     if not prepared.ok:
         raise RuntimeError(f"could not prepare /tests and /logs/verifier: {prepared.stderr.decode(errors='replace')}")
     user = step.verifier_user or "root"
     if user not in ("root", "0"):
         await machine.exec(["chown", user, "/logs/verifier", VERIFIER_TMP], cwd="/", timeout_s=30)
-    await machine.put_files("/tests", task.test_files(step))
-    result = await machine.exec(["bash", "/tests/test.sh"], user=user, env={"TMPDIR": VERIFIER_TMP, **step.verifier_env},
-                                timeout_s=timeout_s,
-                                max_output_bytes=_OUTPUT_TAIL * 4)
-    await machine.kill_processes()
+    await machine.put_files(TESTS_DIR, task.test_files(step))
+    environment = {"TMPDIR": VERIFIER_TMP, **VERIFIER_PYTHON_ENV, **step.verifier_env}
+    try:
+        result = await machine.exec(["bash", f"{TESTS_DIR}/test.sh"], user=user, env=environment, cwd=cwd,
+                                    timeout_s=timeout_s, max_output_bytes=_OUTPUT_TAIL * 4)
+        await machine.kill_processes()
+    except ProcessesSurvived as exc:
+        return _survived(exc, "after the tests ran: whatever they wrote is not trusted", started)
     reward_txt = await machine.read_file("/logs/verifier/reward.txt", _MAX_REWARD_FILE)
     reward_json = None if reward_txt is not None else await machine.read_file("/logs/verifier/reward.json",
                                                                                _MAX_REWARD_FILE)
@@ -77,6 +94,11 @@ async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: floa
     output = (result.stdout + result.stderr).decode("utf-8", "replace")
     return Verdict(reward, source, problem, result.exit_code, result.timed_out, output[-_OUTPUT_TAIL:],
                    time.monotonic() - started)
+
+
+def _survived(exc: ProcessesSurvived, when: str, started: float) -> Verdict:
+    problem = f"processes in the machine survived being killed {when}: reward 0 ({exc})"
+    return Verdict(0.0, None, problem, None, False, "", time.monotonic() - started, agent_failure=problem)
 
 
 def parse_reward(reward_txt: bytes | None, reward_json: bytes | None) -> tuple[float, str | None, str | None]:
