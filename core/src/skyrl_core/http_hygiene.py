@@ -1,0 +1,246 @@
+"""One hygiene layer for every HTTP server we ship: other people's code and web pages reach them.
+
+A server started on a shared machine answers anything that can open a socket to it: another user's
+script, and a web page in someone's browser (through DNS rebinding, a page on another origin can
+make the browser send requests whose ``Host`` is its own name). So every request is checked before
+a handler or a parser sees it, with the same rules and the same errors everywhere:
+
+- ``Host`` must name this server: loopback names, the address it listens on, and the names given
+  with ``--allowed-host`` (421 otherwise: a rebinding page's requests carry its own name).
+- A body may be at most ``max_body_bytes``, checked on ``Content-Length`` and again on the bytes as
+  they arrive, before anything parses them (413).
+- A state-changing request (``POST``, ``PUT``, ``PATCH``, ``DELETE``) with a body must say what it
+  is in a content type the server takes (415): a cross-site form or ``text/plain`` POST, which a
+  browser sends without asking, is refused instead of parsed as JSON.
+- A JSON body may nest ``max_json_depth`` deep and hold ``max_json_items`` values at most, counted
+  in one pass over its bytes with constant memory, and may not hold a lone surrogate (400): decoding
+  it cannot cost much more than its size, and nothing downstream meets text it cannot encode.
+- Errors are ``{"detail": message}`` with a 4xx status; a message never repeats the input (a 10 MB
+  bad value must not come back as a 10 MB error), only where it is and what is wrong.
+
+:class:`HygieneMiddleware` applies this to any ASGI app (FastAPI included) with no dependency;
+servers on :mod:`http.server` call :func:`check_request` and :func:`check_body` themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+JSON_TYPES = frozenset({"application/json"})
+# The bytes that matter for a JSON text's structure; everything between them is skipped by the regex engine.
+_SPECIAL = re.compile(rb'["\\\[\]{},]')
+_HEX4 = re.compile(rb"[0-9a-fA-F]{4}")
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPENING, _CLOSING = frozenset(b"[{"), frozenset(b"]}")
+_LONE_SURROGATE = "the JSON body holds a lone surrogate (an escape in \\ud800-\\udfff without its pair)"
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one server accepts; every field has a default safe for a JSON API."""
+
+    max_body_bytes: int = 1 << 20
+    max_json_depth: int = 32
+    max_json_items: int = 100_000
+    allowed_hosts: tuple[str, ...] = ()  # names beyond the loopback ones and the bound address
+    body_types: frozenset[str] = JSON_TYPES  # content types a state-changing request may carry
+
+    def host_names(self, bound_host: str | None = None) -> frozenset[str]:
+        names = {*LOOPBACK_HOSTS, *(name.lower() for name in self.allowed_hosts)}
+        if bound_host and bound_host not in ("0.0.0.0", "::"):
+            names.add(bound_host.lower().strip("[]"))
+        return frozenset(names)
+
+
+@dataclass
+class HttpProblem(Exception):
+    """A request this server refuses: its status and a message that does not repeat the input."""
+
+    status: int
+    message: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.message}"
+
+
+def error_body(message: str) -> bytes:
+    """The JSON body of every error: ``{"detail": message}``, ASCII-only (no text it cannot encode)."""
+    return json.dumps({"detail": message}).encode("ascii")
+
+
+def host_of(header: str) -> str:
+    """The host name of a ``Host`` header, without its port (``[::1]:80`` -> ``::1``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def check_request(method: str, headers: Mapping[str, str], limits: HttpLimits, bound_host: str | None = None
+                  ) -> None:
+    """Check what the request line and headers say (``headers`` with lower-case names); raises HttpProblem."""
+    host = headers.get("host")
+    if not host or host_of(host) not in limits.host_names(bound_host):
+        raise HttpProblem(421, "this server does not answer for that Host; start it with --allowed-host NAME to "
+                               "add a name it may be reached by")
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.strip().isdigit():
+            raise HttpProblem(400, "Content-Length is not a number")
+        if int(length) > limits.max_body_bytes:
+            raise HttpProblem(413, f"the body is larger than this server's limit of {limits.max_body_bytes:,} bytes")
+    has_body = (length is not None and int(length) > 0) or "transfer-encoding" in headers
+    if method.upper() in STATE_CHANGING and has_body:
+        content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if content_type not in limits.body_types:
+            raise HttpProblem(415, f"a {method.upper()} body must be one of: {', '.join(sorted(limits.body_types))}")
+
+
+def check_body(body: bytes, content_type: str, limits: HttpLimits) -> None:
+    """Check a whole body before anything parses it: its size and, for JSON, its structure; raises HttpProblem."""
+    if len(body) > limits.max_body_bytes:
+        raise HttpProblem(413, f"the body is larger than this server's limit of {limits.max_body_bytes:,} bytes")
+    if content_type.split(";", 1)[0].strip().lower() in JSON_TYPES:
+        check_json_structure(body, limits)
+
+
+def check_json_structure(data: bytes, limits: HttpLimits) -> None:
+    """Refuse JSON nested or populated beyond ``limits``, or holding a lone surrogate, in one pass.
+
+    Walks the bytes that matter (quotes, backslashes, brackets, commas) once, left to right, with
+    constant memory, and stops at the first limit passed; each value but the first of a container
+    follows a comma, so brackets and commas count the values. What is not JSON at all (an unclosed
+    string, say) is left for the parser to refuse.
+    """
+    depth = items = 0
+    in_string = False
+    skip_to = 0  # the character after a backslash is part of its escape
+    high_ends_at = -1  # inside a string: where an unpaired high surrogate's escape ends
+    for match in _SPECIAL.finditer(data):
+        at = match.start()
+        if at < skip_to:
+            continue
+        char = data[at]
+        if in_string:
+            if char == _BACKSLASH:
+                skip_to = at + 2
+                code = int(data[at + 2:at + 6], 16) if data[at + 1:at + 2] == b"u" and _HEX4.fullmatch(
+                    data, at + 2, at + 6) else -1
+                high_ends_at = _after_escape(code, at, at + 6, high_ends_at)
+            elif char == _QUOTE:
+                in_string = False
+                if high_ends_at >= 0:
+                    raise HttpProblem(400, _LONE_SURROGATE)
+            continue
+        if char == _QUOTE:
+            in_string, high_ends_at = True, -1
+        elif char in _OPENING:
+            depth += 1
+            items += 1
+            if depth > limits.max_json_depth:
+                raise HttpProblem(400, f"the JSON body nests deeper than {limits.max_json_depth} levels")
+        elif char in _CLOSING:
+            depth -= 1
+        else:
+            items += 1
+        if items > limits.max_json_items:
+            raise HttpProblem(400, f"the JSON body holds more than {limits.max_json_items:,} values")
+
+
+def _after_escape(code: int, start: int, end: int, high_ends_at: int) -> int:
+    """Where an unpaired high surrogate now ends (-1: none), after the escape at ``start`` (``code``: its
+    ``\\uXXXX`` value, or -1 for another escape); a surrogate without its pair raises."""
+    paired = high_ends_at == start
+    if high_ends_at >= 0 and not (paired and 0xDC00 <= code <= 0xDFFF):
+        raise HttpProblem(400, _LONE_SURROGATE)
+    if 0xDC00 <= code <= 0xDFFF and not paired:
+        raise HttpProblem(400, _LONE_SURROGATE)
+    return end if 0xD800 <= code <= 0xDBFF else -1
+
+
+def validation_detail(errors: Iterable[Mapping[str, Any]]) -> str:
+    """A validation error's message from pydantic-style errors: where and what, never the input's value."""
+    parts = []
+    for error in list(errors)[:10]:
+        where = ".".join(str(part) for part in error.get("loc", ()))[:200]
+        parts.append(f"{where}: {str(error.get('msg', 'invalid'))[:200]}")
+    return "invalid request: " + "; ".join(parts)
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class HygieneMiddleware:
+    """An ASGI middleware that checks every HTTP request by ``limits`` before ``app`` sees it.
+
+    The body is read here (up to the limit, counted as it arrives), checked, and handed on whole,
+    so the app parses only what passed. ``bound_host`` is the address the server listens on.
+    """
+
+    def __init__(self, app: ASGIApp, limits: HttpLimits, bound_host: str | None = None) -> None:
+        self.app = app
+        self.limits = limits
+        self.bound_host = bound_host
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        try:
+            check_request(scope["method"], headers, self.limits, self.bound_host)
+            body = await _read_body(receive, self.limits.max_body_bytes)
+            check_body(body, headers.get("content-type", ""), self.limits)
+        except HttpProblem as problem:
+            await send_problem(send, problem)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HttpProblem(400, "the client went away before sending its body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HttpProblem(413, f"the body is larger than this server's limit of {limit:,} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the app the checked body once, then what the connection says next."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def send_problem(send: Send, problem: HttpProblem) -> None:
+    """Answer an ASGI request with ``problem`` as JSON."""
+    body = error_body(problem.message)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in problem.headers.items()]
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

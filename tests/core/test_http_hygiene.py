@@ -1,0 +1,234 @@
+"""The HTTP hygiene layer every server uses: Host allow-list, body limits, JSON limits, content types, errors.
+
+Checked here once, through its functions and through the ASGI middleware driven with the protocol's
+own messages (the servers' tests then check their wiring over real HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tracemalloc
+
+import pytest
+from skyrl_core.http_hygiene import (
+    HttpLimits,
+    HttpProblem,
+    HygieneMiddleware,
+    check_body,
+    check_json_structure,
+    check_request,
+    error_body,
+    host_of,
+    validation_detail,
+)
+
+LIMITS = HttpLimits(max_body_bytes=1000, max_json_depth=4, max_json_items=50)
+
+
+def refused(call, *args) -> HttpProblem:
+    with pytest.raises(HttpProblem) as caught:
+        call(*args)
+    return caught.value
+
+
+# --- Host ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8765", "127.0.0.1:80", "[::1]:8000", "[::1]", "LOCALHOST"])
+def test_loopback_names_are_answered_with_or_without_a_port(host: str):
+    check_request("GET", {"host": host}, LIMITS)
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8765", "127.0.0.1.evil.example", "localhost.evil",
+                                  "10.0.0.5:8765", "", "[::2]:80"])
+def test_other_hosts_get_421_as_a_rebinding_page_would(host: str):
+    problem = refused(check_request, "GET", {"host": host}, LIMITS)
+    assert problem.status == 421 and "--allowed-host" in problem.message
+
+
+def test_a_request_without_a_host_is_refused():
+    assert refused(check_request, "GET", {}, LIMITS).status == 421
+
+
+def test_allowed_hosts_and_the_bound_address_are_added_but_a_wildcard_bind_adds_nothing():
+    limits = HttpLimits(allowed_hosts=("GPU-Box.lab",))
+    check_request("GET", {"host": "gpu-box.lab:8000"}, limits)
+    check_request("GET", {"host": "192.168.7.2:8000"}, limits, bound_host="192.168.7.2")
+    assert refused(check_request, "GET", {"host": "0.0.0.0:8000"}, limits, "0.0.0.0").status == 421
+
+
+def test_host_of_strips_ports_and_brackets():
+    assert [host_of(h) for h in ("a.b:1", "[::1]:2", "::1", "A.B")] == ["a.b", "::1", "::1", "a.b"]
+
+
+# --- bodies and content types --------------------------------------------------------------------------------------
+
+
+def test_a_declared_length_above_the_limit_is_413_before_any_byte_is_read():
+    problem = refused(check_request, "POST", {"host": "localhost", "content-length": "1001",
+                                              "content-type": "application/json"}, LIMITS)
+    assert problem.status == 413 and "1,000 bytes" in problem.message
+
+
+@pytest.mark.parametrize("length", ["-1", "ten", "1e3", ""])
+def test_a_malformed_content_length_is_400(length: str):
+    assert refused(check_request, "POST", {"host": "localhost", "content-length": length}, LIMITS).status == 400
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; "
+                                          "boundary=x", ""])
+def test_a_state_changing_body_a_browser_sends_cross_site_is_415(content_type: str):
+    headers = {"host": "localhost", "content-length": "2", "content-type": content_type}
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        assert refused(check_request, method, headers, LIMITS).status == 415
+
+
+def test_json_bodies_and_bodiless_requests_pass():
+    check_request("POST", {"host": "localhost", "content-length": "2", "content-type": "application/json; charset=utf-8"},
+                  LIMITS)
+    check_request("POST", {"host": "localhost", "content-length": "0"}, LIMITS)
+    check_request("GET", {"host": "localhost", "content-type": "text/plain"}, LIMITS)
+    check_request("POST", {"host": "localhost", "content-length": "5", "content-type": "application/x-protobuf"},
+                  HttpLimits(body_types=frozenset({"application/json", "application/x-protobuf"})))
+
+
+def test_check_body_counts_the_bytes_themselves():
+    assert refused(check_body, b"x" * 1001, "application/octet-stream", LIMITS).status == 413
+    check_body(b"x" * 1000, "application/octet-stream", LIMITS)
+
+
+# --- JSON structure --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("body", "what"), [
+    (b"[[[[[1]]]]]", "deeper than 4"),
+    (b'{"a": {"b": {"c": {"d": {}}}}}', "deeper than 4"),
+    (b"[" + b",".join([b"0"] * 51) + b"]", "more than 50"),
+    (b"[" + b",".join([b"{}"] * 30) + b"]", "more than 50"),
+])
+def test_json_nested_or_populated_beyond_the_limits_is_400(body: bytes, what: str):
+    problem = refused(check_json_structure, body, LIMITS)
+    assert problem.status == 400 and what in problem.message
+
+
+@pytest.mark.parametrize("body", [
+    b'["[[[[[[[[", "{{{{{{", ",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,"]',
+    b'["a \\" [[[[[[ still a string", 1]',
+    b'["ends with a backslash \\\\", [[1]]]',
+    b'{"smile": "\\ud83d\\ude00", "escaped": "\\\\ud800"}',
+    b"[[[[1]]]]",
+])
+def test_brackets_in_strings_escapes_and_surrogate_pairs_pass(body: bytes):
+    check_json_structure(body, LIMITS)
+    json.loads(body)
+
+
+@pytest.mark.parametrize("body", [b'"\\ud800"', b'"\\udc00"', b'["\\ud800x\\udc00"]', b'"\\ud83d\\n"',
+                                  b'{"k\\udfff": 1}', b'"\\ud800\\ud800\\udc00"'])
+def test_a_lone_surrogate_is_400(body: bytes):
+    assert "lone surrogate" in refused(check_json_structure, body, LIMITS).message
+
+
+def test_the_check_stops_at_the_first_limit_with_constant_memory():
+    many = HttpLimits(max_json_items=10**9)
+    body = b"[" + b'"",' * 500_000 + b'""]'  # 1.5 MB: a million tiny values would cost the parser ~40 MB
+    tracemalloc.start()
+    try:
+        check_json_structure(body, many)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, f"the check held {peak:,} bytes for a {len(body):,}-byte body"
+    assert "more than 100,000" in refused(check_json_structure, body, HttpLimits()).message
+
+
+def test_an_unclosed_string_of_escapes_is_scanned_once_not_again_from_every_quote():
+    body = b'"' + b'\\"' * 400_000  # quadratic for a scanner that retries a failed string at every quote
+    check_json_structure(body, LIMITS)  # not JSON: left for the parser, which refuses it
+
+
+# --- errors ----------------------------------------------------------------------------------------------------------
+
+
+def test_errors_never_repeat_the_input_and_are_ascii_json():
+    huge = "x" * 100_000
+    detail = validation_detail([{"loc": ("body", "queries", 0), "msg": "String should have at most 10 characters",
+                                 "input": huge, "type": "string_too_long"}])
+    assert huge not in detail and "body.queries.0" in detail and "at most 10" in detail
+    body = error_body("caf\u00e9 \ud800")
+    assert body.isascii() and json.loads(body) == {"detail": "caf\u00e9 \ud800"}
+
+
+# --- the ASGI middleware ---------------------------------------------------------------------------------------------
+
+
+async def call_app(headers: dict[str, str], chunks: list[bytes], method: str = "POST", limits: HttpLimits = LIMITS
+                   ) -> tuple[int, dict, bytes | None]:
+    """Drive the middleware with ASGI messages; returns (status, response JSON, the body the app received)."""
+    seen: dict[str, bytes] = {}
+
+    async def app(scope, receive, send):
+        message = await receive()
+        seen["body"] = message["body"]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+    incoming = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+                for i, chunk in enumerate(chunks)]
+    sent: list[dict] = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": "/x",
+             "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    await HygieneMiddleware(app, limits)(scope, receive, send)
+    status = sent[0]["status"]
+    return status, json.loads(sent[1]["body"]), seen.get("body")
+
+
+JSON_POST = {"host": "localhost", "content-type": "application/json"}
+
+
+async def test_the_app_gets_the_checked_body_whole():
+    status, answer, body = await call_app(JSON_POST, [b'{"a": ', b"[1, 2]", b"}"])
+    assert status == 200 and answer == {"ok": True} and body == b'{"a": [1, 2]}'
+
+
+async def test_a_streamed_body_past_the_limit_is_413_and_never_reaches_the_app():
+    status, answer, body = await call_app({**JSON_POST, "transfer-encoding": "chunked"}, [b"[" + b"1," * 300] * 3)
+    assert status == 413 and body is None and "limit" in answer["detail"]
+
+
+@pytest.mark.parametrize(("headers", "chunks", "status"), [
+    ({"host": "attacker.example", "content-type": "application/json"}, [b"{}"], 421),
+    ({"host": "localhost", "content-type": "text/plain", "content-length": "2"}, [b"{}"], 415),
+    ({**JSON_POST, "content-length": "11"}, [b"[[[[[[]]]]]"], 400),
+    ({**JSON_POST, "content-length": "10"}, [b'"\\udc00x"'], 400),
+])
+async def test_the_middleware_answers_each_problem_as_json(headers, chunks, status):
+    got, answer, body = await call_app(headers, chunks)
+    assert got == status and set(answer) == {"detail"} and body is None
+
+
+async def test_a_client_that_goes_away_mid_body_is_answered_without_calling_the_app():
+    status, _, body = await call_app({**JSON_POST, "transfer-encoding": "chunked"}, [])
+    assert status == 400 and body is None
+
+
+async def test_other_scopes_pass_through():
+    called = []
+
+    async def app(scope, receive, send):
+        called.append(scope["type"])
+
+    await HygieneMiddleware(app, LIMITS)({"type": "lifespan"}, None, None)
+    assert called == ["lifespan"]
+
+
+def test_the_middleware_runs_without_an_event_loop_of_its_own():
+    assert asyncio.run(call_app(JSON_POST, [b"{}"]))[0] == 200
