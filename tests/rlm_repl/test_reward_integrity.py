@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -238,14 +239,27 @@ def test_an_oversize_final_line_in_the_response_is_not_submitted(make_env):
 @pytest.mark.parametrize("payload, reason", [
     ("b'[' + b'{},' * 2_000_000 + b'{}]'", "objects and lists"),
     ("b'[' + b'0,' * 2_000_000 + b'0]'", "items"),
+    ("b'[' + b'\"\",' * 8_000_000 + b'\"\"]'", "items"),  # 8 million empty strings: 24 MB
 ])
-async def test_frames_that_decode_to_far_more_than_their_size_are_refused(sandbox, payload, reason):
+async def test_frames_that_decode_to_far_more_than_their_size_are_refused_cheaply(backend, payload, reason):
     frame = (f"{FRAME}(b'{{\"op\": \"rpc\", \"token\": \"' + token + b'\", \"id\": 1, \"method\": \"llm_query\", "
              f"\"params\": {{\"prompt\": ' + {payload} + b'}}}}')")
-    result = await sandbox.execute(IS_PIPE + FIND_CHANNEL + FIND_TOKEN + WRITE_ALL.format(payload=frame)
-                                   + "import time\ntime.sleep(5)")
-    assert result.sandbox_restarted and reason in result.error
-    assert await still_healthy(sandbox)
+    roomy = hostile_config(backend, max_message_mb=32)  # the frames fit: what gets them refused is their structure
+    async with (await Sandbox.create(roomy, context="public context") as sandbox,
+                await Sandbox.create(hostile_config(backend), context="public context") as other):
+        tracemalloc.start()
+        try:
+            sending = asyncio.ensure_future(sandbox.execute(IS_PIPE + FIND_CHANNEL + FIND_TOKEN
+                                                            + WRITE_ALL.format(payload=frame) + "import time\ntime.sleep(5)"))
+            while not sending.done():  # the other sandbox on this loop goes on being served meanwhile
+                assert await still_healthy(other)
+            result = await sending
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert result.sandbox_restarted and "broke the protocol" in result.error and reason in result.error
+        assert peak < 64 * 2**20  # the frame and a few chunks of it (a regex-based check took 1.4 GB)
+        assert await still_healthy(sandbox) and await still_healthy(other)
 
 
 def test_a_batched_call_over_max_batch_size_gets_one_refusal_not_one_per_prompt(make_env):

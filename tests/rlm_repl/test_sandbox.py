@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from skyrl_rlm_repl.config import RLMReplConfig
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig, SandboxError
 from skyrl_sandbox.dirs import sweep_stale_dirs
 from skyrl_sandbox.testing import skip_unless_usable
@@ -313,6 +314,35 @@ async def test_output_is_capped_with_a_note_of_how_much_was_cut():
     assert result.stderr == ""
 
 
+# The largest reply the default caps allow: all the output there is room for, a traceback as long as the
+# worker keeps, each character outside the BMP (12 bytes in the worker's ASCII-escaped JSON).
+LARGEST_REPLY = "print('\U0001F600' * 30_000, end='')\nraise ValueError('\U0001F600' * 50_000)"
+
+
+async def test_the_largest_reply_the_caps_allow_fits_the_default_message_limit(backend):
+    async with await Sandbox.create(fast_config(backend=backend)) as sandbox:
+        largest = await sandbox.execute(LARGEST_REPLY)
+        answer = await sandbox.execute("FINAL('\U0001F600' * 20_000)")
+    assert not largest.sandbox_restarted and largest.stdout.startswith("\U0001F600" * 20_000)
+    assert "10,000 more characters of output were cut" in largest.stdout
+    assert "ValueError" in largest.error and "traceback shortened" in largest.error
+    assert answer.final_answer == "\U0001F600" * 20_000
+
+
+async def test_the_envs_largest_subcall_request_reaches_the_handler(backend):
+    received = []
+
+    async def handler(method, params):
+        received.append(params["prompts"])
+        return ["ok"] * len(params["prompts"])
+
+    config = RLMReplConfig(sandbox=fast_config(backend=backend, exec_timeout_s=30))
+    async with await Sandbox.create(config.sandbox, handler=handler) as sandbox:
+        result = await sandbox.execute("print(llm_query_batched(['\U0001F600' * 200_000] * 16))")
+    assert result.error is None and result.stdout == str(["ok"] * 16) + "\n"
+    assert received == [["\U0001F600" * 200_000] * 16]  # max_batch_size prompts of max_prompt_chars: 38 MB
+
+
 async def test_cancelled_execute_kills_the_worker_and_next_execute_reports_restart():
     async with await Sandbox.create(fast_config(exec_timeout_s=30)) as sandbox:
         await sandbox.execute("x = 1")
@@ -394,6 +424,9 @@ def test_config_rejects_unknown_keys_and_unsafe_values():
     with pytest.raises(ValidationError, match="backend"):
         SandboxConfig(backend="firecracker")
     assert json.loads(SandboxConfig().model_dump_json())["backend"] == "auto"
+    with pytest.raises(ValidationError, match="max_message_mb=1 cannot carry the largest result: "
+                                              "max_output_chars=200,000 and max_answer_chars=20,000 need 3"):
+        SandboxConfig(max_output_chars=200_000, max_message_mb=1)
 
 
 async def test_auto_backend_reports_what_it_used():

@@ -394,6 +394,8 @@ async def test_writing_straight_to_file_descriptors_does_not_reach_the_host(sand
 
 @pytest.mark.parametrize("payload, reason", [
     ("b'\\xff\\xff\\xff\\xff'", "exceeds the limit"),
+    # the default limit carries the largest reply the output caps allow (1 MiB), not a byte more
+    ("(2**20 + 1).to_bytes(4, 'big')", "a message of 1,048,577 bytes exceeds the limit of 1,048,576 bytes"),
     ("len(b'{not json').to_bytes(4, 'big') + b'{not json'", "not valid JSON"),
     ("len(b'[1, 2]').to_bytes(4, 'big') + b'[1, 2]'", "not an object"),
     # without the execution's token nothing is accepted, whatever it claims to be

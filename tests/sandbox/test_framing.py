@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import tracemalloc
 
 import pytest
 from skyrl_sandbox import ProtocolViolation, WorkerGone
-from skyrl_sandbox.framing import encode, int_field, read_message, text_field
+from skyrl_sandbox.framing import decode, encode, int_field, read_message, text_field
 from skyrl_sandbox.seccomp import build_filter
 
 
@@ -42,13 +43,56 @@ async def test_malformed_frames_are_violations(data, problem):
         await read_message(reader_with(data), 1024)
 
 
-async def test_deeply_nested_json_is_a_violation_not_a_crash():
-    payload = b"[" * 200_000 + b"]" * 200_000
-    with pytest.raises(ProtocolViolation, match="200,000 objects and lists"):
+@pytest.mark.parametrize("payload, problem", [
+    (b"[" * 200_000 + b"]" * 200_000, "objects and lists, over the limit of 10,000"),
+    (b"[" * 5_000 + b"]" * 5_000 + b" " * 70_000, "nests deeper than 32 levels"),
+    (b"[" + b"{}," * 30_000 + b"{}]", "objects and lists, over the limit of 10,000"),
+    (b"[" + b"0," * 300_000 + b"0]", "items, over the limit of 200,000"),
+])
+async def test_json_that_would_decode_to_far_more_than_its_size_is_a_violation_not_a_crash(payload, problem):
+    with pytest.raises(ProtocolViolation, match=problem):
         await read_message(reader_with(frame(payload)), len(payload))
-    shallow_enough_to_count = b"[" * 5_000 + b"]" * 5_000 + b" " * 70_000
-    with pytest.raises(ProtocolViolation, match="nests deeper than 32 levels"):
-        await read_message(reader_with(frame(shallow_enough_to_count)), len(shallow_enough_to_count))
+
+
+def test_brackets_commas_and_quotes_inside_strings_are_text():
+    # Far more brackets and commas than the limits allow, all inside strings: escaped quotes, runs of
+    # backslashes of both parities, empty strings, and strings across the check's 64 KiB windows.
+    texts = ['[{,"\\' * 40_000, "\\" * 65_537, '\\"[' * 30_000, '\\\\"]' * 20_000, "", "]" * 70_000]
+    message = {"op": "result", "texts": texts + [""] * 5_000}
+    assert decode(json.dumps(message).encode()) == message
+
+
+@pytest.mark.parametrize("text", ["\\" * 65_535, "\\" * 65_536, 'x\\"' * 30_000, "\\"])
+def test_structure_after_a_string_that_ends_in_escapes_is_counted(text):
+    message = {"op": "result", "text": text, "rows": [[]] * 20_000}
+    payload = json.dumps(message).encode()
+    with pytest.raises(ProtocolViolation, match="objects and lists, over the limit of 10,000"):
+        decode(payload)
+    assert decode(payload, max_containers=20_002) == message  # a caller expecting that many rows says so
+
+
+async def test_a_frame_of_millions_of_empty_strings_costs_the_parent_little_more_than_its_size():
+    payload = b'{"op": "result", "rows": [' + b'"",' * 8_000_000 + b'""]}'  # 24 MB
+    reader = asyncio.StreamReader(limit=2**20)
+
+    async def feed():  # as a pipe transport does: a chunk at a time
+        reader.feed_data(struct.pack(">I", len(payload)))
+        for start in range(0, len(payload), 256 * 1024):
+            reader.feed_data(payload[start:start + 256 * 1024])
+            await asyncio.sleep(0)
+
+    tracemalloc.start()
+    try:
+        feeding = asyncio.ensure_future(feed())
+        with pytest.raises(ProtocolViolation, match="items, over the limit of 200,000"):
+            await read_message(reader, len(payload))
+        await feeding
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # The frame itself and a few chunks: readexactly() held the frame twice, and a regex-based check
+    # built lists of millions of pieces (1.4 GB here).
+    assert peak < len(payload) + 4 * 2**20
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00\x00", frame(b'{"op": "result"}')[:-3]])

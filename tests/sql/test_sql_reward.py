@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 from skyrl_sql.data.builtin import builtin_rows
 from skyrl_sql.env import SQLEnv
 from skyrl_sql.reward import normalize_sql, orders_result, results_match
 from skyrl_sql.tags import check_format
-from sql_helpers import ENGINES, THINK, started_env, task
+from sql_helpers import ENGINES, THINK, query, started_env, task
 
 
 @pytest.mark.parametrize(("predicted", "gold", "ordered", "duplicates", "expected"), [
@@ -162,3 +165,47 @@ def test_a_broken_gold_query_ends_the_episode_as_an_infrastructure_error():
     row = {**task(), "reward_spec": {"ground_truth": "SELECT missing FROM nowhere"}}
     result = started_env(row=row).step(f"{THINK}<solution>SELECT 1</solution>")
     assert result.truncated and "gold SQL of task" in result.info["error"]
+
+
+# -- results with many rows ---------------------------------------------------------------------------
+
+EVENTS = 50_000
+EVENTS_TASK = {"id": "events-0", "db_id": "events", "question": "List every event.",
+               "reward_spec": {"ground_truth": "SELECT id, name FROM events"}}
+
+
+@pytest.fixture(scope="module")
+def events_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``<root>/events/events.sqlite``: one table of 50,000 rows (five times the generic frame's list limit)."""
+    root = tmp_path_factory.mktemp("events")
+    (root / "events").mkdir()
+    conn = sqlite3.connect(root / "events" / "events.sqlite")
+    conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.executemany("INSERT INTO events VALUES (?, ?)", ((i, f"event, [{i}]") for i in range(EVENTS)))
+    conn.commit()
+    conn.close()
+    return root
+
+
+def events_env(root: Path, row: dict = EVENTS_TASK, **options) -> SQLEnv:
+    env = SQLEnv(row, {"db_root": str(root), **options})
+    env.reset(seed=0)
+    return env
+
+
+def test_a_gold_query_of_50_000_rows_scores_an_equivalent_query_1(events_root):
+    result = events_env(events_root).step(f"{THINK}<solution>SELECT id, name FROM events ORDER BY id DESC</solution>")
+    assert (result.reward, result.terminated, result.info.get("error")) == (1.0, True, None)
+    assert result.info["reward_components"] == {"format": 1.0, "execution_match": 1.0}
+
+
+def test_results_over_the_row_caps_are_reported_as_cut_not_as_crashes(events_root):
+    env = events_env(events_root, max_rows=20_000, reward_max_rows=20_000)
+    assert "Row limit hit: the query returned more than 20,000 rows and was cut off." in query(
+        env, "SELECT id, name FROM events")
+    result = env.step(f"{THINK}<solution>SELECT id, name FROM events</solution>")
+    assert result.truncated and "events-0 cannot be scored (ok, rows cap hit)" in result.info["error"]
+    small_gold = {**EVENTS_TASK, "reward_spec": {"ground_truth": "SELECT id FROM events WHERE id < 10"}}
+    scored = events_env(events_root, small_gold, reward_max_rows=20_000).step(
+        f"{THINK}<solution>SELECT id FROM events</solution>")
+    assert scored.reward == 0.0 and scored.info["why"] == "the submitted query's result exceeded the rows cap"

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from skyrl_sql.sandbox import QueryRunner, SandboxError, SandboxSettings
+from skyrl_sandbox.pool import SPAWNER
+from skyrl_sql.sandbox import START_TIMEOUT_S, QueryRunner, SandboxError, SandboxSettings
 from skyrl_sql.worker.result import QueryRequest
 from sql_helpers import BACKENDS, ENGINES, HAS_DUCKDB, descendants, folder_digest, query, started_env
 
@@ -39,7 +40,7 @@ SQLITE_ONLY = [
     ("PRAGMA writable_schema = 1", "Refused: PRAGMA writable_schema"),
     ("SELECT load_extension('/tmp/evil.so')", "Refused: the function load_extension()"),
     ("VACUUM INTO 'copy.db'", "Refused:"),
-    ("REINDEX", ""),
+    ("REINDEX", "Refused: REINDEX statements are not allowed."),
     ("SELECT 1; DROP TABLE employees", "Error executing SQL: You can only execute one statement at a time"),
 ]
 DUCKDB_ONLY = [
@@ -69,6 +70,16 @@ def test_writes_and_escapes_are_refused_and_leave_the_database_identical(engine,
     assert folder_digest(folder) == before
     # The connection is still usable and the data intact.
     assert "60" in query(env, "SELECT COUNT(*) FROM employees")
+
+
+@pytest.mark.parametrize(("sql", "name"), [
+    ("REINDEX", "REINDEX"), ("reindex employees", "REINDEX"), ("  ReIndex NOCASE", "REINDEX"),
+    ("VACUUM", "VACUUM"), ("vacuum main", "VACUUM"), ("\n\tVACUUM INTO 'copy.db'", "VACUUM"),
+    ("ANALYZE", "ANALYZE"), ("/* statistics */ analyze employees", "ANALYZE"), ("-- refresh\n  Analyze main", "ANALYZE"),
+])
+def test_sqlite_maintenance_statements_are_refused_by_name(sql, name):
+    text = query(started_env("sqlite"), sql)
+    assert f"Refused: {name} statements are not allowed. The database is read-only" in text
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -128,6 +139,46 @@ def test_a_frozen_sandbox_process_is_killed_and_replaced(backend):
         assert not Path(f"/proc/{pid}").exists()  # killed and reaped
         assert runner.run(QueryRequest("sqlite", db, "SELECT 2", 5.0, 10, 1000)).rows == [(2,)]
         assert runner.worker_pids() != [pid]
+    finally:
+        runner.close()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _freeze_processes_started_since(known: set[int]) -> set[int]:
+    """SIGSTOP every process below this one that is not in ``known``, and any they start meanwhile."""
+    frozen: set[int] = set()
+    while started := set(descendants(os.getpid())) - known - frozen:
+        for process in started:
+            os.kill(process, signal.SIGSTOP)
+        frozen |= started
+        while any(_state(process) not in "tT" for process in frozen):
+            time.sleep(0.01)
+    return frozen
+
+
+@pytest.mark.timeout(START_TIMEOUT_S - 10)  # a query that waited for the spare to start would fail here
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_frozen_spare_worker_never_holds_a_query_past_its_time_limit(backend):
+    db = str(started_env("sqlite").database())
+    SPAWNER.submit(int).result()  # no worker of an earlier test is still being started
+    before = set(descendants(os.getpid()))
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
+    try:
+        assert runner.run(QueryRequest("sqlite", db, "SELECT 1", 5.0, 10, 1000)).rows == [(1,)]
+        SPAWNER.submit(int).result()  # the spare kept for the next worker has been started
+        (pid,) = runner.worker_pids()
+        spare = _freeze_processes_started_since(before | set(descendants(pid)))
+        assert spare
+        os.kill(pid, signal.SIGKILL)  # the started worker is gone: the next query must take the spare
+        while _state(pid) != "Z":
+            time.sleep(0.01)
+        result = runner.run(QueryRequest("sqlite", db, "SELECT 2", 1.0, 10, 1000))
+        assert (result.status, result.message) == ("timeout", "the query ran longer than 1 s and was stopped.")
+        assert runner.run(QueryRequest("sqlite", db, "SELECT 3", 5.0, 10, 1000)).rows == [(3,)]
+        assert not spare & set(runner.worker_pids())
     finally:
         runner.close()
 

@@ -61,8 +61,9 @@ class WorkerCgroup:
         self.support = support
         self.dirs: list[Path] = []
         limited = [(support.pids, pids_max), (support.memory, memory_bytes)]
-        if support.freezer is not None:
-            limited.append((support.freezer, 0))
+        if support.freezer is not None:  # between the two: dirs[0] stays the pids group, dirs[-1] the memory one
+            limited.insert(1, (support.freezer, 0))
+        self.freezer_dir = support.freezer.parent / name if support.freezer is not None else None
         try:
             for controller, value in limited:
                 folder = controller.parent / name
@@ -117,10 +118,10 @@ class WorkerCgroup:
         return kill_until_gone(self.members, self._freezer(), timeout_s)
 
     def _freezer(self) -> Path | None:
-        if self.support.freezer is not None:  # v1: its own group, the last one made
-            return self.dirs[-1] / "freezer.state"
-        control = self.dirs[0] / "cgroup.freeze"  # v2: a core file of the group itself
-        return control if control.exists() else None
+        if self.freezer_dir is not None:  # v1: a group of its own
+            return self.freezer_dir / "freezer.state"
+        control = self.dirs[0] / "cgroup.freeze" if self.dirs else None  # v2: a core file of the group itself
+        return control if control is not None and control.exists() else None
 
     def remove(self) -> None:
         """Kill whatever is left in the groups, then remove them (idempotent)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
-import re
 import struct
 import termios
 from typing import Any
@@ -25,8 +24,8 @@ MAX_CONTAINERS = 10_000
 MAX_ITEMS = 200_000
 MAX_DEPTH = 32
 _CHECK_FROM_BYTES = 64 * 1024  # smaller frames cannot amplify to anything that matters
-_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_BRACKETS = re.compile(rb"[\[\]{}]")
+_WINDOW = 64 * 1024  # bytes the structure check copies and looks at at a time
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -37,18 +36,32 @@ def encode(message: dict[str, Any]) -> bytes:
 async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> dict[str, Any]:
     try:
         (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-        if size > max_bytes:
-            raise ProtocolViolation(f"a message of {size:,} bytes exceeds the limit of {max_bytes:,} bytes")
-        payload = await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:
         raise WorkerGone("the worker closed its channel") from exc
+    if size > max_bytes:
+        raise ProtocolViolation(f"a message of {size:,} bytes exceeds the limit of {max_bytes:,} bytes")
+    # Read into one buffer: readexactly() would hold the frame twice (its buffer and the copy it returns).
+    payload = bytearray(size)
+    filled = 0
+    with memoryview(payload) as view:
+        while filled < size:
+            chunk = await reader.read(size - filled)
+            if not chunk:
+                raise WorkerGone("the worker closed its channel")
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
     return decode(payload)
 
 
-def decode(payload: bytes) -> dict[str, Any]:
-    """The message in a frame's payload (for callers that read frames themselves, e.g. synchronously)."""
+def decode(payload: bytes | bytearray, max_containers: int = MAX_CONTAINERS,
+           max_items: int = MAX_ITEMS) -> dict[str, Any]:
+    """The message in a frame's payload (for callers that read frames themselves, e.g. synchronously).
+
+    A caller that expects bigger messages of a known shape (rows of a query result) passes limits
+    derived from that shape.
+    """
     if len(payload) >= _CHECK_FROM_BYTES:
-        check_structure(payload)
+        check_structure(payload, max_containers, max_items)
     try:
         message = json.loads(payload)
     except (ValueError, RecursionError) as exc:
@@ -58,21 +71,39 @@ def decode(payload: bytes) -> dict[str, Any]:
     return message
 
 
-def check_structure(payload: bytes) -> None:
-    """Refuse JSON with more containers, items or nesting than a real message needs (linear time)."""
-    skeleton = _STRINGS.sub(b'""', payload)  # brackets and commas inside strings are text, not structure
-    containers = skeleton.count(b"[") + skeleton.count(b"{")
-    if containers > MAX_CONTAINERS:
-        raise ProtocolViolation(f"a message holds {containers:,} objects and lists, over the limit of "
-                                f"{MAX_CONTAINERS:,}")
-    items = skeleton.count(b",")
-    if items > MAX_ITEMS:
-        raise ProtocolViolation(f"a message holds {items:,} items, over the limit of {MAX_ITEMS:,}")
-    depth = 0
-    for bracket in _BRACKETS.finditer(skeleton):  # at most 2 * MAX_CONTAINERS matches
-        depth += 1 if bracket.group() in (b"[", b"{") else -1
-        if depth > MAX_DEPTH:
-            raise ProtocolViolation(f"a message nests deeper than {MAX_DEPTH} levels")
+def check_structure(payload: bytes | bytearray, max_containers: int = MAX_CONTAINERS,
+                    max_items: int = MAX_ITEMS) -> None:
+    """Refuse JSON with more containers, items or nesting than a real message needs.
+
+    One pass over the payload, a window at a time, stopping in the first window where a limit is
+    exceeded; the memory it takes is a few windows, whatever the payload holds. Brackets and commas
+    inside strings are text, not structure: per window, escaped backslashes and quotes are dropped,
+    then the text between quotes is left out. For valid JSON the counts are exact; for anything
+    else they describe the prefix json.loads reads before it fails.
+    """
+    containers = items = depth = 0
+    in_string = escaped = False
+    for start in range(0, len(payload), _WINDOW):
+        window = payload[start + escaped:start + _WINDOW]  # skip a byte escaped by the last window's end
+        window = window.replace(b"\\\\", b"")
+        escaped = window.endswith(b"\\")
+        window = window.replace(b'\\"', b"").replace(b'""', b"")  # in valid JSON, "" is an empty string
+        parts = window.split(b'"')
+        outside = b"".join(parts[in_string::2])
+        in_string ^= len(parts) % 2 == 0
+        containers += outside.count(b"[") + outside.count(b"{")
+        if containers > max_containers:
+            raise ProtocolViolation(f"a message holds at least {containers:,} objects and lists, over the limit of "
+                                    f"{max_containers:,}")
+        items += outside.count(b",")
+        if items > max_items:
+            raise ProtocolViolation(f"a message holds at least {items:,} items, over the limit of {max_items:,}")
+        for bracket in outside.translate(None, _NOT_BRACKETS):  # at most 2 * max_containers in all
+            depth += 1 if bracket in b"[{" else -1
+            if depth > MAX_DEPTH:
+                raise ProtocolViolation(f"a message nests deeper than {MAX_DEPTH} levels")
+            if depth < 0:
+                return  # not JSON: json.loads stops at this bracket
 
 
 def expect(message: dict[str, Any], *ops: str) -> None:

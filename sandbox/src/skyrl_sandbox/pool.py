@@ -65,22 +65,25 @@ class WorkerPool:
         with self._lock:
             return len(self._idle)
 
+    def take_idle(self) -> Worker | None:
+        """An idle started worker, or None when none is idle (never waits)."""
+        with self._lock:
+            return self._idle.popleft() if self._idle else None
+
     async def acquire(self) -> Worker:
         """An idle started worker, or a newly started one when none is idle.
 
         Call :meth:`refill` once the worker is set up: replacements started earlier would compete
         with it for the CPU.
         """
-        with self._lock:
-            worker = self._idle.popleft() if self._idle else None
+        worker = self.take_idle()
         if worker is None:
             worker = await asyncio.wrap_future(SPAWNER.submit(self.start_worker))
         return worker
 
     def acquire_blocking(self) -> Worker:
         """:meth:`acquire` for callers without an event loop: blocks the calling thread while a worker starts."""
-        with self._lock:
-            worker = self._idle.popleft() if self._idle else None
+        worker = self.take_idle()
         return worker if worker is not None else SPAWNER.submit(self.start_worker).result()
 
     def start_worker(self) -> Worker:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from skyrl_core import EnvConfig
 
 from skyrl_rlm_repl.sandbox import SandboxConfig
+from skyrl_rlm_repl.sandbox.config import message_mb_for
 
 
 class SubcallLimits(BaseModel):
@@ -82,4 +83,14 @@ class RLMReplConfig(EnvConfig):
         if self.format_reward.task_weight < 0.5:
             raise ValueError("format_reward.block_runs + format_reward.final_called must be at most 0.5, so that "
                              "the task's own reward dominates")
+        return self
+
+    @model_validator(mode="after")
+    def _subcalls_fit_the_channel(self) -> RLMReplConfig:
+        """Unless ``sandbox.max_message_mb`` is set, the sandbox's messages also carry the largest sub-call
+        request the limits accept: ``max_batch_size`` prompts of ``max_prompt_chars`` (37 MiB by default)."""
+        if self.sandbox.max_message_mb is None:
+            needed = message_mb_for(self.subcalls.max_batch_size * self.subcalls.max_prompt_chars)
+            self.sandbox = self.sandbox.model_copy(
+                update={"max_message_mb": max(needed, self.sandbox.result_message_mb)})
         return self

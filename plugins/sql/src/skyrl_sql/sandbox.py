@@ -151,12 +151,14 @@ class _Worker:
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise WorkerGone("the worker closed its channel") from exc
 
-    def receive(self, deadline: float) -> dict[str, Any]:
+    def receive(self, deadline: float,
+                structure: tuple[int, int] = (protocol.MAX_CONTAINERS, protocol.MAX_ITEMS)) -> dict[str, Any]:
+        """The next message; ``structure``: the most objects and lists, and items, it may hold."""
         (size,) = protocol.HEADER.unpack(self._read(protocol.HEADER.size, deadline))
         if size > self.process.max_message_bytes:
             raise ProtocolViolation(f"a message of {size:,} bytes exceeds the limit of "
                                     f"{self.process.max_message_bytes:,} bytes")
-        return protocol.decode(self._read(size, deadline))
+        return protocol.decode(self._read(size, deadline), *structure)
 
     def has_unread_data(self) -> bool:
         """Whether the worker wrote anything nobody asked for (frames are read exactly, so any byte is that)."""
@@ -265,7 +267,10 @@ class QueryRunner:
         if not self._covered.get(folder):
             self.add_root(folder)
         with self._slots:
-            worker = self._take(request.timeout_s + GRACE_S)
+            try:
+                worker = self._take(request.timeout_s + GRACE_S, time.monotonic() + request.timeout_s + GRACE_S)
+            except TimeoutError:
+                return _timed_out(request)
             keep = False
             try:
                 result, keep = self._query(worker, request, db_path)
@@ -292,8 +297,9 @@ class QueryRunner:
         for worker in idle:
             worker.stop()
 
-    def _take(self, needed_s: float) -> _Worker:
-        """A started worker of the current program with CPU time left for ``needed_s``, else a new one."""
+    def _take(self, needed_s: float, deadline: float) -> _Worker:
+        """A started worker of the current program with CPU time left for ``needed_s``, else a new one
+        (TimeoutError: a spare that did not answer by the query's ``deadline``)."""
         while True:
             with self._lock:
                 worker = self._idle.pop() if self._idle else None  # LIFO: warm workers first
@@ -312,29 +318,38 @@ class QueryRunner:
             with self._lock:
                 self._busy.discard(worker)
             worker.stop()
-        worker = self._start()
+        worker = self._start(deadline)
         with self._lock:
             self._busy.add(worker)
         return worker
 
-    def _start(self) -> _Worker:
-        """Start a worker and lock it down; one retry covers a pre-started worker that died meanwhile."""
+    def _start(self, deadline: float) -> _Worker:
+        """Start a worker and lock it down; one retry covers a pre-started worker that died meanwhile.
+
+        A pre-started spare gets only until the query's ``deadline`` to answer (a frozen one must not
+        hold the query longer: TimeoutError); a worker started for this query gets START_TIMEOUT_S.
+        """
         problem = ""
         for _ in range(2):
             with self._lock:
                 pool, generation = self._pool, self._generation
             if pool is None:
                 raise SandboxError("the query runner is closed")
+            spare = pool.take_idle()
             try:
-                process = pool.acquire_blocking()
+                process = spare or pool.acquire_blocking()
             except OSError as exc:
                 raise SandboxError(f"could not start an SQL sandbox worker ({self.backend}): {exc}") from exc
             worker = _Worker(process, generation)
             try:
-                self._initialise(worker, time.monotonic() + START_TIMEOUT_S)
+                self._initialise(worker, deadline if spare is not None else time.monotonic() + START_TIMEOUT_S)
                 return worker
             except TimeoutError:
                 worker.stop()
+                if spare is not None:
+                    log.warning("a spare SQL sandbox worker (%s) did not answer within a query's time limit and "
+                                "was replaced", self.backend)
+                    raise
                 problem = f"did not start within {START_TIMEOUT_S:g} s; its stderr: {process.stderr_tail() or '(empty)'}"
             except (WorkerGone, ProtocolViolation, OSError) as exc:
                 problem = (f"{worker.stop_after_death()} while starting ({exc}); "
@@ -370,10 +385,9 @@ class QueryRunner:
         try:
             worker.send({"op": "query", "id": worker.last_id, "request": {**request.to_json(), "db_path": db_path}},
                         deadline)
-            return _read_result(worker.receive(deadline), worker.last_id, request), True
+            return _read_result(worker.receive(deadline, _result_structure(request)), worker.last_id, request), True
         except TimeoutError:
-            return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s and was "
-                                                  "stopped."), False
+            return _timed_out(request), False
         except WorkerGone:
             reason = worker.stop_after_death()
             if "memory limit" in reason:
@@ -386,6 +400,20 @@ class QueryRunner:
             return QueryResult("crashed", message="the database process sent an invalid reply and was stopped."), False
         finally:
             worker.busy_s += time.monotonic() - started
+
+
+def _timed_out(request: QueryRequest) -> QueryResult:
+    return QueryResult("timeout", message=f"the query ran longer than {request.timeout_s:g} s and was stopped.")
+
+
+def _result_structure(request: QueryRequest) -> tuple[int, int]:
+    """Structure limits that fit every result the worker may send for ``request``.
+
+    A result holds a list per row, at most ``max_rows``, and at most one item (a comma) per 3 bytes of
+    the rows' ``repr``, which the worker keeps under ``max_bytes`` (``(1, 2)``: 6 bytes, 2 items with the
+    comma after the row); the generic limits stay as the allowance for the rest (columns, nested values).
+    """
+    return protocol.MAX_CONTAINERS + request.max_rows, protocol.MAX_ITEMS + request.max_bytes // 3
 
 
 def _wait(poller: select.poll, deadline: float) -> None:

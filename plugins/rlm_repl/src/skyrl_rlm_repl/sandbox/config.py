@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from skyrl_sandbox import Limits, WorkerProgram
 
 # The REPL worker: this plugin's stdlib-only ``worker`` package, run inside the sandbox.
 REPL_PROGRAM = WorkerProgram(module="skyrl_rlm_worker.main",
                              packages={"skyrl_rlm_worker": Path(__file__).resolve().parent / "worker"})
+# Messages from the worker are JSON with ASCII escapes: a character of text takes up to 12 bytes there
+# (one outside the BMP is two \uXXXX escapes). Field names, the token and numbers take a few hundred
+# bytes; the overhead allowance leaves room to spare.
+_BYTES_PER_CHAR = 12
+_OVERHEAD_BYTES = 64 * 1024
+# Text a result holds besides the code's output: the note on cut output and the traceback (the
+# worker keeps at most 8,000 characters of one).
+_RESULT_EXTRA_CHARS = 10_000
+
+
+def message_mb_for(chars: int) -> int:
+    """The smallest ``max_message_mb`` that carries a message holding ``chars`` characters of text."""
+    return math.ceil((_BYTES_PER_CHAR * chars + _OVERHEAD_BYTES) / 2**20)
 
 
 class SandboxConfig(BaseModel):
@@ -44,9 +58,11 @@ class SandboxConfig(BaseModel):
         20_000, ge=100, description="stdout+stderr kept per execute(); the rest is cut and a note says how many "
         "characters were cut.")
     tmp_size_mb: int = Field(64, ge=1, description="Size of the private writable /tmp (bwrap backend: a tmpfs).")
-    max_message_mb: int = Field(
-        32, ge=1, description="Largest message accepted from the worker (results, sub-call requests); a bigger one "
-        "is a protocol violation: the worker is killed and restarted.")
+    max_message_mb: int | None = Field(
+        None, ge=1, description="Largest message accepted from the worker (results, sub-call requests); a bigger one "
+        "is a protocol violation: the worker is killed and restarted, and the worker refuses to send one (the code "
+        "gets an error). Default: what the largest result and FINAL request the other limits allow need (1 MiB "
+        "with the defaults); the rlm_repl env raises it to carry its largest sub-call request.")
     rpc_timeout_s: float = Field(600.0, gt=0, description="Longest wait for the handler of one sub-call request.")
     start_timeout_s: float = Field(30.0, gt=0, description="Longest wait for a new worker to start and load the "
                                                             "context and scaffold.")
@@ -62,8 +78,31 @@ class SandboxConfig(BaseModel):
     echo_last_expression: bool = Field(True, description="Print the repr of a trailing bare expression, as an "
                                                          "interactive interpreter does.")
 
+    @property
+    def result_message_mb(self) -> int:
+        """The cap that carries the largest result and FINAL request these limits allow.
+
+        A result holds at most ``max_output_chars`` of output and ``_RESULT_EXTRA_CHARS`` more; a FINAL
+        request at most ``max_answer_chars`` (a longer answer is refused). With the defaults (20,000
+        each): 12 bytes x 30,000 characters + 64 KiB, about 0.4 MiB, so 1 MiB.
+        """
+        return message_mb_for(max(self.max_output_chars + _RESULT_EXTRA_CHARS, self.max_answer_chars))
+
+    @property
+    def message_mb(self) -> int:
+        """The cap in force: ``max_message_mb``, else :attr:`result_message_mb`."""
+        return self.max_message_mb or self.result_message_mb
+
+    @model_validator(mode="after")
+    def _results_fit_the_channel(self) -> SandboxConfig:
+        if self.max_message_mb is not None and self.max_message_mb < self.result_message_mb:
+            raise ValueError(f"max_message_mb={self.max_message_mb} cannot carry the largest result: "
+                             f"max_output_chars={self.max_output_chars:,} and max_answer_chars="
+                             f"{self.max_answer_chars:,} need {self.result_message_mb} (or leave it unset)")
+        return self
+
     def limits(self) -> Limits:
         """The limits of the worker process, in skyrl-sandbox's terms."""
         return Limits(cpu_time_s=self.cpu_time_s, memory_mb=self.memory_mb, max_processes=self.max_processes,
                       max_open_files=self.max_open_files, max_file_size_mb=self.max_file_size_mb,
-                      tmp_size_mb=self.tmp_size_mb, max_message_mb=self.max_message_mb)
+                      tmp_size_mb=self.tmp_size_mb, max_message_mb=self.message_mb)

@@ -257,7 +257,7 @@ class Sandbox:
 
     @property
     def _max_message_bytes(self) -> int:
-        return self.config.max_message_mb * 2**20
+        return self.config.message_mb * 2**20
 
     def _read_result(self, message: dict, run: _Run, started: float) -> ExecResult:
         if protocol.int_field(message, "seq") != run.seq:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .guard import READ_ONLY_HINT, SQLiteGuard, declare_pragma_functions, duckdb_refusal
+from .guard import READ_ONLY_HINT, SQLiteGuard, declare_pragma_functions, duckdb_refusal, sqlite_statement_refusal
 from .result import QueryRequest, QueryResult
 
 _PROGRESS_EVERY = 5_000  # SQLite VM instructions between deadline checks
@@ -126,6 +126,9 @@ def _sqlite_connect(db_path: str) -> _GuardedSQLite:
 
 
 def _sqlite_execute(conn: _GuardedSQLite, request: QueryRequest) -> QueryResult:
+    refusal = sqlite_statement_refusal(request.sql)
+    if refusal is not None:
+        return QueryResult("refused", message=f"Refused: {refusal} {READ_ONLY_HINT}")
     conn.arm(request)
     try:
         cursor = conn.execute(request.sql)

@@ -36,10 +36,15 @@ def _body(sql: str) -> str:
     return _PREAMBLE.sub("", sql, count=1)
 
 
+def _leading_keyword(sql: str) -> str:
+    """The statement's first keyword, upper-cased ("" when it starts with something else)."""
+    match = _KEYWORD.match(_body(sql))
+    return " ".join(match.group().upper().split()) if match else ""
+
+
 def statement_refusal(sql: str, engine_name: str) -> str:
     """The refusal of a whole statement, named by its leading keyword (else by ``engine_name``)."""
-    match = _KEYWORD.match(_body(sql))
-    keyword = " ".join(match.group().upper().split()) if match else ""
+    keyword = _leading_keyword(sql)
     name = engine_name.replace("_", " ") if not keyword or keyword in _WRAPPERS else keyword
     return f"{name} statements are not allowed."
 
@@ -55,6 +60,15 @@ _ACTION_CODES = ("CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TE
                  "RECURSIVE")
 _SQLITE_NAMES = {getattr(sqlite3, f"SQLITE_{name}"): name for name in _ACTION_CODES}
 _FORBIDDEN_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"})
+# Maintenance statements, refused by name before they are prepared: the authorizer lets REINDEX run
+# on a read-only connection (rebuilding every index of the database, as long as that takes).
+SQLITE_MAINTENANCE = frozenset({"REINDEX", "VACUUM", "ANALYZE"})
+
+
+def sqlite_statement_refusal(sql: str) -> str | None:
+    """The refusal of an SQLite maintenance statement (named as written), or None for any other statement."""
+    keyword = _leading_keyword(sql)
+    return f"{keyword} statements are not allowed." if keyword in SQLITE_MAINTENANCE else None
 
 
 class SQLiteGuard:
