@@ -90,25 +90,38 @@ def _listing_command(kind: Kind) -> Any:
 
 def check_command(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. rlm_repl."),
-    n_tasks: int = typer.Option(2, min=0, help="Built-in dataset rows to check the prompt and gold actions on "
-                                "(0 = all)."),
+    n_tasks: int = typer.Option(2, "--n-tasks", "--tasks", min=0, help="Built-in dataset rows to check the prompt "
+                                "and gold actions on, or to play the probes on with --adversarial (0 = all)."),
     all_rows: bool = typer.Option(False, "--all-rows", help="Check every row of the built-in dataset (its prompt "
                                   "builds, its gold actions reach the top of the reward range); failing rows "
                                   "are named. Same as --n-tasks 0."),
     skip: list[str] | None = typer.Option(None, "--skip", help="A check (or family: determinism, gold, episode, "
                                           "gymnasium, ...) that cannot hold for this env, e.g. an LLM judge's "
-                                          "determinism; repeatable."),
+                                          "determinism; with --adversarial, a probe; repeatable."),
+    adversarial: bool = typer.Option(False, "--adversarial", help="Play hostile scripted policies (probes) instead "
+                                     "and flag any that scores above the null agent, raises, ends as an env error "
+                                     "or leaks state across episodes (skyrl_core.testing.check_adversarial)."),
+    quick: bool = typer.Option(False, "--quick", help="With --adversarial: a subset of the generic probes (for CI)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every episode."),
+    as_json: bool = typer.Option(False, "--json", help="With --adversarial: print the report as JSON."),
     overrides: list[str] | None = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
 ) -> None:
     """Run the env conformance checker (skyrl_core.testing.check_env) and print each check, and each warning
-    its dataset raised (WARN lines, which never fail the check)."""
+    its dataset raised (WARN lines, which never fail the check); with --adversarial, the reward-hacking probes."""
     from skyrl_core.config import parse_overrides
-    from skyrl_core.testing import check_env
+    from skyrl_core.testing import check_adversarial, check_env
 
     try:
         env_options = parse_overrides(overrides or []).get("env", {})
+        if adversarial:
+            found = check_adversarial(env_id, config=env_options, n_tasks=0 if all_rows else n_tasks, seed=seed,
+                                      quick=quick, skip=set(skip or ()))
+            _print_adversarial(found, as_json)
+            if not found.ok:
+                raise typer.Exit(1)
+            return
         report = check_env(env_id, config=env_options, n_tasks=0 if all_rows else n_tasks, skip=set(skip or ()),
-                           raise_on_failure=False)
+                           seed=seed, raise_on_failure=False)
     except (RegistryError, ValueError) as exc:  # a bad env.* value (ConfigError) or --skip name
         raise _fail(str(exc)) from None
     for name in report.passed:
@@ -123,6 +136,38 @@ def check_command(
     typer.echo(summary + (f", {len(report.warnings)} warning(s)" if report.warnings else ""))
     if report.failed:
         raise typer.Exit(1)
+
+
+def _print_adversarial(report: Any, as_json: bool) -> None:
+    """The probes' table, each flag with its example, and a closing count (or all of it as JSON)."""
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+        return
+
+    def number(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3g}"
+
+    typer.echo(f"{report.env}: {len(report.outcomes)} probes on {len(report.tasks)} task(s): {', '.join(report.tasks)}")
+    typer.echo(f"{'probe':<18} {'tasks':>5} {'reward':>7} {'null':>7} {'gold':>7} {'success':>7}  verdict")
+    for outcome in report.outcomes:
+        row = outcome.summary()
+        verdict = "FLAGGED" if outcome.flags else "ok"
+        typer.echo(f"{row['probe']:<18} {row['tasks']:>5} {number(row['mean_reward']):>7} {number(row['null']):>7} "
+                   f"{number(row['gold']):>7} {number(row['success']):>7}  {verdict}")
+    for outcome in report.flagged:
+        typer.echo(f"\nFLAG  {outcome.probe}: {outcome.about}")
+        for why in outcome.flags:
+            typer.echo(f"  - {why}")
+        if outcome.example:
+            typer.echo(f"  action:      {outcome.example['action']!r}")
+            typer.echo(f"  observation: {outcome.example['observation']!r}")
+    for leak in report.leaks:
+        typer.echo(f"\nFLAG  state leak: {leak}")
+    for name, reason in {**report.exempt, **report.skipped}.items():
+        typer.echo(f"SKIP  {name}: {reason}")
+    flagged = len(report.flagged) + (1 if report.leaks else 0)
+    typer.echo(f"{len(report.outcomes) - len(report.flagged)} passed, {flagged} failed, "
+               f"{len(report.exempt) + len(report.skipped)} skipped")
 
 
 def _config_layers(env: str, config_file: Path | None, overrides: list[str] | None,

@@ -169,6 +169,15 @@ class TextEnv(gymnasium.Env):
         """
         return None
 
+    def null_action(self) -> str:
+        """The shortest reply that looks valid but answers nothing: the null agent of ``skyrl check --adversarial``.
+
+        Every probe is compared with this agent's reward on the same task, so an env that penalises
+        malformed replies returns a well-formed one here (SQL: a query that selects nothing), else a
+        policy's first lesson, the format, would look like a reward hack. Default: an empty reply.
+        """
+        return ""
+
     def get_metrics(self) -> dict[str, float]:
         """Per-episode metrics, read once by the generator after the episode ends (before ``close``).
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import typer
 
     from skyrl_core.registry import ComponentSpec
+    from skyrl_core.testing.adversarial import Probe
     from skyrl_core.trajectory import Trajectory
 
 hookspec = pluggy.HookspecMarker("skyrl")
@@ -68,6 +69,18 @@ def register_inference_engines(register: Register) -> None:
     """Register inference engines (``EngineSpec``) implementing :class:`skyrl_core.InferenceEngine`.
 
     Fires like :func:`register_envs`. Core's ``openai`` engine is registered through this hook.
+    """
+
+
+@hookspec
+def register_probes(register: Callable[[Probe], None]) -> None:
+    """Register adversarial probes (``skyrl_core.testing.adversarial.Probe``) for ``skyrl check --adversarial``.
+
+    Fires once per plugin the first time the checker runs. Call ``register(Probe(..., env="my_env"))``
+    for each hostile scripted policy that only this plugin can write (a background process left
+    running, a forged result, text placed where the check reads it). A probe must never be given the
+    task's answer: it scores above the null agent only through a bug of the env's. Its ``act`` runs
+    in the checker's process; keep the module that defines it light.
     """
 
 

@@ -184,6 +184,27 @@ class PluginManager(pluggy.PluginManager):
                 registry.add(spec, provider)
         return registry
 
+    def probes(self) -> list[Any]:
+        """Every plugin's adversarial probes (``register_probes``), in registration order; a plugin whose hook
+        raises is reported and unregistered, like a failing ``register_*`` hook."""
+        from skyrl_core.testing.adversarial import Probe
+
+        found: list[Any] = []
+        for impl in reversed(self.hook.register_probes.get_hookimpls()):
+            provider = self.provider_of(impl.plugin)
+
+            def register(probe: Any, _provider: Provider = provider) -> None:
+                if not isinstance(probe, Probe):
+                    raise RegistryError(f"{_provider.name}: register_probes got a {type(probe).__name__}; "
+                                        "expected a skyrl_core.testing.adversarial.Probe")
+                found.append(probe)
+
+            try:
+                impl.function(**({"register": register} if impl.argnames else {}))
+            except Exception as exc:  # noqa: BLE001 - the other plugins' probes still run
+                self.fail_plugin(impl.plugin, exc)
+        return found
+
     def register_commands(self, cli: Any) -> None:
         """Call every plugin's ``register_commands``; a plugin whose hook raises is reported and unregistered."""
         for impl in reversed(self.hook.register_commands.get_hookimpls()):

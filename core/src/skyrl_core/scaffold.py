@@ -245,7 +245,7 @@ import asyncio
 import json
 
 import pytest
-from skyrl_core.testing import check_env
+from skyrl_core.testing import check_adversarial, check_env
 
 from __PKG__.env import __CLASS__Config, __CLASS__Env
 
@@ -261,6 +261,10 @@ def new_env() -> __CLASS__Env:
 def test_passes_the_conformance_checker_on_every_built_in_row(skyrl_plugin_manager):
     report = check_env("__ID__", n_tasks=0)
     assert not report.failed
+
+
+def test_no_scripted_hostile_policy_finds_a_reward_hack(skyrl_plugin_manager):
+    check_adversarial("__ID__", n_tasks=0, raise_on_flag=True)
 
 
 def test_is_listed_with_this_distribution_as_provider(skyrl_cli):

@@ -108,6 +108,10 @@ class SQLEnv(TextEnv):
     def gold_actions(self) -> list[str]:
         return [f"<think>The gold query answers this.</think>\n<solution>{self.gold_sql}</solution>"]
 
+    def null_action(self) -> str:
+        """A well-formed submission of a query that returns nothing: format right, answer empty."""
+        return "<think>I do not know.</think>\n<solution>SELECT 1 WHERE 1 = 0</solution>"
+
     # -- turns ------------------------------------------------------------------------------------
 
     def take_action(self, action: str) -> StepResult:
