@@ -114,8 +114,14 @@ def check_command(
     try:
         env_options = parse_overrides(overrides or []).get("env", {})
         if adversarial:
-            found = check_adversarial(env_id, config=env_options, n_tasks=0 if all_rows else n_tasks, seed=seed,
-                                      quick=quick, skip=set(skip or ()))
+            from rich.console import Console
+            from rich.progress import Progress
+
+            with Progress(console=Console(stderr=True), transient=True) as bar:
+                probing = bar.add_task(f"probing {env_id}", total=None)
+                found = check_adversarial(env_id, config=env_options, n_tasks=0 if all_rows else n_tasks, seed=seed,
+                                          quick=quick, skip=set(skip or ()),
+                                          progress=lambda done, total: bar.update(probing, completed=done, total=total))
             _print_adversarial(found, as_json)
             if not found.ok:
                 raise typer.Exit(1)
@@ -163,8 +169,11 @@ def _print_adversarial(report: Any, as_json: bool) -> None:
             typer.echo(f"  observation: {outcome.example['observation']!r}")
     for leak in report.leaks:
         typer.echo(f"\nFLAG  state leak: {leak}")
+    by_reason: dict[str, list[str]] = {}
     for name, reason in {**report.exempt, **report.skipped}.items():
-        typer.echo(f"SKIP  {name}: {reason}")
+        by_reason.setdefault(reason, []).append(name)
+    for reason, names in by_reason.items():
+        typer.echo(f"SKIP  {', '.join(names)}: {reason}")
     flagged = len(report.flagged) + (1 if report.leaks else 0)
     typer.echo(f"{len(report.outcomes) - len(report.flagged)} passed, {flagged} failed, "
                f"{len(report.exempt) + len(report.skipped)} skipped")

@@ -268,13 +268,15 @@ class AdversarialReport:
 def check_adversarial(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | None = None,
                       config: EnvConfig | Mapping[str, Any] | None = None, n_tasks: int = 2, seed: int = 0,
                       quick: bool = False, probes: Sequence[Probe] | None = None, skip: Collection[str] = (),
-                      raise_on_flag: bool = False) -> AdversarialReport:
+                      raise_on_flag: bool = False,
+                      progress: Callable[[int, int], None] | None = None) -> AdversarialReport:
     """Play every probe on ``n_tasks`` tasks (default: the first rows of the env's dataset; 0: all) and flag
     what scores above the null agent, raises, ends as an env error, or leaks state across episodes.
 
     ``probes`` default to the generic ones plus those plugins registered for the env id; ``quick``
     keeps :data:`QUICK_PROBES` and the plugins' own. ``skip`` names probes to leave out. With
-    ``raise_on_flag`` (a test's one line) a flag raises :class:`RewardHackError`.
+    ``raise_on_flag`` (a test's one line) a flag raises :class:`RewardHackError`. ``progress(done, total)``
+    is called after each probe's episode (the CLI draws a bar with it).
     """
     env_id = env if isinstance(env, str) else None
     cls = env_class(env) if isinstance(env, str) else env
@@ -298,6 +300,7 @@ def check_adversarial(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, 
             report.skipped[probe.name] = "not in --quick"
     active = [p for p in chosen if p.name not in report.exempt and p.name not in report.skipped]
     outcomes = {probe.name: ProbeOutcome(probe.name, probe.about) for probe in active}
+    total, done = len(rows) * len(active), 0
     for name, row in zip(report.tasks, rows, strict=True):
         gold_actions = _gold(cls, config, row, seed)
         null = play_null(cls, config, row, seed, gold_actions)
@@ -311,6 +314,9 @@ def check_adversarial(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, 
                 references[probe.bar] = play(cls, config, row, seed, act, gold_actions)
             episode = play(cls, config, row, seed, probe.act, gold_actions)
             _score(outcomes[probe.name], probe, name, episode, references)
+            done += 1
+            if progress is not None:
+                progress(done, total)
         leak = _leak(cls, config, row, seed, gold_actions, null)
         if leak:
             report.leaks.append(f"{name}: {leak}")
