@@ -6,7 +6,6 @@ own messages (the servers' tests then check their wiring over real HTTP).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import tracemalloc
 
@@ -21,6 +20,7 @@ from skyrl_core.http_hygiene import (
     error_body,
     host_of,
     validation_detail,
+    validation_errors,
 )
 
 LIMITS = HttpLimits(max_body_bytes=1000, max_json_depth=4, max_json_items=50)
@@ -156,6 +156,9 @@ def test_errors_never_repeat_the_input_and_are_ascii_json():
     detail = validation_detail([{"loc": ("body", "queries", 0), "msg": "String should have at most 10 characters",
                                  "input": huge, "type": "string_too_long"}])
     assert huge not in detail and "body.queries.0" in detail and "at most 10" in detail
+    listed = validation_errors([{"loc": ("body", "k\ud800" + "y" * 500), "msg": "bad", "input": huge, "type": "t"}] * 20)
+    assert len(listed) == 10 and listed[0] == {"type": "t", "loc": ["body", "k\\ud800" + "y" * 198], "msg": "bad"}
+    json.dumps(listed, ensure_ascii=False).encode("utf-8")  # no text that cannot be encoded is left
     body = error_body("caf\u00e9 \ud800")
     assert body.isascii() and json.loads(body) == {"detail": "caf\u00e9 \ud800"}
 
@@ -228,7 +231,3 @@ async def test_other_scopes_pass_through():
 
     await HygieneMiddleware(app, LIMITS)({"type": "lifespan"}, None, None)
     assert called == ["lifespan"]
-
-
-def test_the_middleware_runs_without_an_event_loop_of_its_own():
-    assert asyncio.run(call_app(JSON_POST, [b"{}"]))[0] == 200

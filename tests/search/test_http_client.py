@@ -51,11 +51,14 @@ class TableRetriever:
 
 class ScriptedServer:
     """A stdlib HTTP server on loopback: first the scripted ``(status, body)`` replies, one per request,
-    then Search-R1's own behaviour: the single ``query`` form only (422 otherwise), and documents
-    with ``contents`` only. ``requests`` holds every request body it got."""
+    then a peer server's behaviour: only the request form ``takes`` (``"query"``: the single form, as
+    SkyRL's example retrieval server; ``"queries"``: the batched form, as Search-R1's retrieval server),
+    FastAPI's 422 naming the missing field otherwise, and documents with ``contents`` only.
+    ``requests`` holds every request body it got."""
 
-    def __init__(self, replies: Sequence[tuple[int, str]] = ()) -> None:
+    def __init__(self, replies: Sequence[tuple[int, str]] = (), takes: str = "query") -> None:
         self.replies = list(replies)
+        self.takes = takes
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -66,12 +69,16 @@ class ScriptedServer:
             self.requests.append(body)
             if self.replies:
                 return self.replies.pop(0)
-        if "query" not in body:
-            return 422, json.dumps({"detail": [{"loc": ["body", "query"], "msg": "Field required"}]})
-        query = body["query"]
-        hits = [{"document": {"id": f"{query}-{rank}", "contents": f'"About {query}"\nPassage {rank} on {query}.'},
-                 "score": 10.0 - rank} for rank in range(body.get("topk") or 3)]
-        return 200, json.dumps({"result": [hits]})
+        if self.takes not in body:
+            return 422, json.dumps({"detail": [{"type": "missing", "loc": ["body", self.takes], "msg": "Field required",
+                                                "input": body}]})
+        queries = [body["query"]] if self.takes == "query" else body["queries"]
+        return 200, json.dumps({"result": [self._hits(query, body.get("topk") or 3) for query in queries]})
+
+    @staticmethod
+    def _hits(query: str, topk: int) -> list[dict[str, Any]]:
+        return [{"document": {"id": f"{query}-{rank}", "contents": f'"About {query}"\nPassage {rank} on {query}.'},
+                 "score": 10.0 - rank} for rank in range(topk)]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -126,7 +133,7 @@ def test_unbatched_client_sends_one_single_form_request_per_query(retrieval_serv
     assert sorted(q for call in retriever.calls for q in call) == ["q1", "q2", "q3"]
 
 
-def test_unbatched_client_speaks_search_r1s_single_query_api_and_splits_contents():
+def test_unbatched_client_speaks_the_single_query_form_and_splits_contents():
     with ScriptedServer().running() as server, client(server.url, batched=False) as http:
         got = http.retrieve(["who wrote hamlet", "capital of peru"], 2)
     assert sorted(r["query"] for r in server.requests) == ["capital of peru", "who wrote hamlet"]
@@ -136,11 +143,36 @@ def test_unbatched_client_speaks_search_r1s_single_query_api_and_splits_contents
     assert got[1][0].title == "About capital of peru"
 
 
-def test_batched_client_against_a_single_query_server_says_to_turn_batching_off():
-    with ScriptedServer().running() as server, client(server.url) as http:
-        with pytest.raises(RetrievalError, match="HTTP 422.*batched: false"):
+def test_batched_client_speaks_search_r1s_batched_form():
+    with ScriptedServer(takes="queries").running() as server, client(server.url) as http:
+        got = http.retrieve(["who wrote hamlet", "capital of peru"], 1)
+    assert server.requests == [{"queries": ["who wrote hamlet", "capital of peru"], "topk": 1, "return_scores": True}]
+    assert [hits[0].id for hits in got] == ["who wrote hamlet-0", "capital of peru-0"]
+
+
+def test_batched_client_against_a_single_form_server_says_to_turn_batching_off():
+    with ScriptedServer(takes="query").running() as server, client(server.url) as http:
+        with pytest.raises(RetrievalError, match="HTTP 422.*single form.*SkyRL's example.*batched: false") as error:
             http.retrieve(["q1", "q2"], 3)
+    assert "Search-R1" not in str(error.value)
     assert len(server.requests) == 1  # a refusal is not retried
+
+
+def test_unbatched_client_against_a_batched_form_server_says_to_turn_batching_on():
+    with ScriptedServer(takes="queries").running() as server, client(server.url, batched=False) as http:
+        with pytest.raises(RetrievalError, match="HTTP 422.*batched form.*Search-R1's.*batched: true") as error:
+            http.retrieve(["q1"], 3)
+    assert "SkyRL" not in str(error.value)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched-form", "single-form"])
+def test_a_cap_refusal_from_our_server_names_the_cap_and_no_form(retrieval_server, batched):
+    server = retrieval_server(TableRetriever(), max_topk=5)
+    with client(server.url, batched=batched) as http:
+        with pytest.raises(RetrievalError, match="HTTP 422.*topk may be at most 5") as error:
+            http.retrieve(["q1"], 6)
+    assert "batched:" not in str(error.value)
 
 
 def test_bare_documents_without_scores_are_read_too():

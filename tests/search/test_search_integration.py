@@ -2,7 +2,7 @@
 
 The server is ``skyrl_search.server.create_app`` under uvicorn around the built-in corpus's BM25
 index; the env reaches it through ``HttpRetriever`` with both request forms (``batched`` true: the
-``{"queries": [...]}`` form; false: Search-R1's single ``{"query": ...}`` form). Failures (server
+``{"queries": [...]}`` form; false: the single ``{"query": ...}`` form). Failures (server
 down, too slow, answering 500) must reach the episode as a "Search failed" observation, never as an
 exception, and the episode goes on.
 """

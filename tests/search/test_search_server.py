@@ -18,18 +18,21 @@ from skyrl_search.cli import main
 from skyrl_search.retrieval import Passage
 
 pytest.importorskip("fastapi")
+from skyrl_search.server import create_app  # noqa: E402 - needs the server extra
 
 
 class KeywordRetriever:
     """Ranks passages by how many query words they contain; records every ``retrieve`` call's batch.
 
-    With a ``gate``, every call waits until the test opens it, so that requests queue up behind it.
+    With a ``gate``, every call waits until the test opens it, so that requests queue up behind it;
+    with ``turns``, each call waits for one release of the semaphore, so the test lets calls run one by one.
     """
 
     def __init__(self, passages: Sequence[Passage], *, gate: threading.Event | None = None,
-                 fail_on: str | None = None) -> None:
+                 turns: threading.Semaphore | None = None, fail_on: str | None = None) -> None:
         self.passages = list(passages)
         self.gate = gate
+        self.turns = turns
         self.fail_on = fail_on
         self.batches: list[list[str]] = []
         self._lock = threading.Lock()
@@ -42,6 +45,8 @@ class KeywordRetriever:
             self.batches.append(list(queries))
         if self.gate is not None:
             assert self.gate.wait(timeout=30), "the test never opened the gate"
+        if self.turns is not None:
+            assert self.turns.acquire(timeout=30), "the test never let this call run"
         if self.fail_on is not None and self.fail_on in queries:
             raise RuntimeError(f"cannot rank {self.fail_on!r}")
         return [self._rank(query, topk) for query in queries]
@@ -126,7 +131,10 @@ def test_missing_topk_falls_back_to_the_servers_default(retrieval_server):
     ({"query": "x" * 2001}, "query"),
     ({"queries": ["capital", "x" * 2001]}, "queries"),
     ({"query": "capital", "top_k": 2}, "top_k"),
-], ids=["empty-queries", "topk-0", "both-forms", "neither-form", "long-query", "long-batched-query", "unknown-field"])
+    ({"query": "capital", "topk": 51}, "topk may be at most 50 (this server's max_topk)"),
+    ({"queries": ["capital"] * 257}, "at most 256 queries (this server's max_queries)"),
+], ids=["empty-queries", "topk-0", "both-forms", "neither-form", "long-query", "long-batched-query", "unknown-field",
+        "topk-above-cap", "queries-above-cap"])
 def test_invalid_requests_are_refused_naming_the_field(retrieval_server, body, named):
     retriever = KeywordRetriever(FACTS)
     server = retrieval_server(retriever)
@@ -134,7 +142,66 @@ def test_invalid_requests_are_refused_naming_the_field(retrieval_server, body, n
     assert response.status_code == 422
     errors = response.json()["detail"]
     assert any(named in error["msg"] or named in error["loc"] for error in errors), errors
+    assert all(set(error) == {"type", "loc", "msg"} for error in errors), errors  # never the input
     assert retriever.batches == []
+
+
+def test_the_caps_are_options_and_requests_at_them_are_answered(retrieval_server):
+    server = retrieval_server(KeywordRetriever(MARKED), max_topk=4, max_queries=3)
+    result = post(server.url, {"queries": ["marker1", "marker2", "marker3"], "topk": 4}).json()["result"]
+    assert [len(hits) for hits in result] == [4, 4, 4]
+    assert "at most 4" in post(server.url, {"query": "marker1", "topk": 5}).json()["detail"][0]["msg"]
+    assert "at most 3 queries" in post(server.url, {"queries": ["marker1"] * 4}).json()["detail"][0]["msg"]
+    with pytest.raises(ValueError, match="default_topk must be between 1 and max_topk"):
+        create_app(KeywordRetriever(FACTS), default_topk=5, max_topk=4)
+
+
+@pytest.mark.parametrize("body", [
+    {"query": "x" * 10_000_000},
+    {"queries": ["capital"] + ["x" * 10_000] * 1000},
+    {"query": "capital", "x" * 10_000_000: 1},
+], ids=["10MB-query", "1000-long-queries", "10MB-field-name"])
+def test_a_refusal_never_repeats_the_input(retrieval_server, body):
+    server = retrieval_server(KeywordRetriever(FACTS))
+    response = post(server.url, body)
+    assert 400 <= response.status_code < 500
+    assert len(response.content) < 5_000 and "x" * 300 not in response.text
+
+
+@pytest.mark.parametrize("text", ['"\\ud800 capital"', '"capital \\udc00"'], ids=["high", "low"])
+def test_a_lone_surrogate_is_a_client_error_not_a_500(retrieval_server, text):
+    server = retrieval_server(KeywordRetriever(FACTS))
+    for body in (f'{{"query": {text}}}', f'{{"queries": ["capital", {text}]}}', f'{{"query": "a", {text}: 1}}'):
+        response = httpx.post(server.url, content=body.encode(), headers={"Content-Type": "application/json"})
+        assert 400 <= response.status_code < 500, (body, response.status_code, response.text)
+        assert "detail" in response.json()
+    assert post(server.url, {"query": "capital of France", "topk": 1}).json()["result"][0][0]["id"] == "paris"
+
+
+# --- core's HTTP hygiene, as this server applies it ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("headers", "body", "status"), [
+    ({"Host": "rebound.attacker.example"}, b'{"query": "capital"}', 421),
+    ({"Content-Type": "text/plain"}, b'{"query": "capital"}', 415),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, b"query=capital", 415),
+    ({}, b'{"query": "capital", "x": ' + b"[" * 40 + b"]" * 40 + b"}", 400),
+    ({}, b'{"queries": [' + b'"a",' * 400 + b'"a"]}', 400),
+    ({}, b'{"query": "' + b"x" * 4_000_000 + b'"}', 413),
+], ids=["foreign-host", "text-plain", "form", "nested", "too-many-values", "oversize"])
+def test_what_a_web_page_or_another_client_sends_is_refused_before_parsing(retrieval_server, headers, body, status):
+    server = retrieval_server(KeywordRetriever(FACTS), max_queries=8)
+    response = httpx.post(server.url, content=body, headers={"Content-Type": "application/json", **headers})
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"detail"} and len(response.content) < 1000
+    assert post(server.url, {"query": "capital of France", "topk": 1}).json()["result"][0][0]["id"] == "paris"
+
+
+def test_allowed_hosts_reach_the_server(retrieval_server):
+    server = retrieval_server(KeywordRetriever(FACTS), allowed_hosts=["search.lab"])
+    response = httpx.post(server.url, json={"query": "capital"}, headers={"Host": "search.lab:8000"})
+    assert response.status_code == 200 and response.json()["result"][0]
+    assert httpx.get(f"{server.base_url}/health", headers={"Host": "evil.example"}).status_code == 421
 
 
 def test_health_names_the_retriever_and_counts_passages_and_calls(retrieval_server):
@@ -182,6 +249,44 @@ def test_max_batch_caps_the_queries_of_one_retrieval_call(retrieval_server):
         [(32 - first) % 8] if (32 - first) % 8 else [])
 
 
+def test_a_request_larger_than_max_batch_is_split_and_a_small_one_is_answered_between_its_parts(retrieval_server):
+    turns = threading.Semaphore(0)
+    retriever = KeywordRetriever(MARKED, turns=turns)
+    server = retrieval_server(retriever, max_batch=8)
+    big = [f"marker{i}" for i in range(40)]
+    with ThreadPoolExecutor(2) as pool:
+        big_answer = pool.submit(post, server.url, {"queries": big, "topk": 1})
+        wait_until(lambda: len(retriever.batches) == 1, "the big request's first part reached the retriever")
+        small_answer = pool.submit(post, server.url, {"query": "marker99", "topk": 1})
+        wait_until(lambda: queued_behind_first_call(server, retriever) == 41, "the small request is queued")
+        turns.release(2)  # the big request's first part, then the call that holds the small request
+        assert small_answer.result().json()["result"][0][0]["id"] == "m99"
+        assert not big_answer.done()  # its third part waits for a turn: the small one did not wait for all of it
+        assert retriever.batches[1] == ["marker99", *big[8:15]]
+        turns.release(4)
+        result = big_answer.result().json()["result"]
+    assert [hits[0]["id"] for hits in result] == [f"m{i}" for i in range(40)]
+    assert [len(batch) for batch in retriever.batches] == [8, 8, 8, 8, 8, 1]
+    assert httpx.get(f"{server.base_url}/health").json()["queries_waiting"] == 0
+
+
+def test_a_failing_part_fails_only_its_own_large_request(retrieval_server):
+    gate = threading.Event()
+    retriever = KeywordRetriever(MARKED, gate=gate, fail_on="poison")
+    server = retrieval_server(retriever, max_batch=4)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(post, server.url, {"query": "marker99", "topk": 1})
+        wait_until(lambda: len(retriever.batches) == 1, "the first request reached the retriever")
+        poisoned = pool.submit(post, server.url, {"queries": [f"marker{i}" for i in range(6)] + ["poison"]})
+        healthy = pool.submit(post, server.url, {"queries": [f"marker{i}" for i in range(10, 16)], "topk": 1})
+        wait_until(lambda: queued_behind_first_call(server, retriever) == 14, "both large requests are queued")
+        gate.set()
+        assert first.result().status_code == 200
+        assert poisoned.result().status_code == 500 and "poison" in poisoned.result().json()["detail"]
+        assert [hits[0]["id"] for hits in healthy.result().json()["result"]] == [f"m{i}" for i in range(10, 16)]
+    assert httpx.get(f"{server.base_url}/health").json()["queries_waiting"] == 0
+
+
 def test_a_failing_retrieval_is_a_500_with_its_message_and_spares_other_requests(retrieval_server):
     gate = threading.Event()
     retriever = KeywordRetriever(MARKED, gate=gate, fail_on="poison")
@@ -210,9 +315,15 @@ def test_serve_help_lists_its_options(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--help"])
     assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    for option in ("--index", "--corpus", "--host", "--port", "--topk", "--retriever"):
+    out = " ".join(capsys.readouterr().out.split())
+    for option in ("--index", "--corpus", "--host", "--port", "--topk", "--retriever", "--max-topk", "--max-queries"):
         assert option in out
+    assert "(default: 50; 422 above)" in out and "(default: 256; 422 above)" in out
+
+
+def test_serve_refuses_a_default_topk_above_the_cap(capsys):
+    assert main(["serve", "--topk", "9", "--max-topk", "8"]) == 1
+    assert "--topk must be between 1 and --max-topk (8), got 9" in capsys.readouterr().err
 
 
 def test_index_of_a_missing_corpus_is_a_one_line_error(tmp_path, capsys):

@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from skyrl_viewer.export import export_html
+from skyrl_viewer.runs import Run
 from test_viewer_api import CHILD, SAMPLE, write_run
 from viewer_files import SKYRL, jsonl
 
@@ -35,12 +37,16 @@ def test_bad_folders_show_clear_messages(tmp_path, serve, page, artifacts):
     (zero / "metrics.jsonl").write_text("")
     empty = tmp_path / "empty"
     empty.mkdir()
-    viewer = serve(good, truncated, zero, empty, tmp_path / "missing")
+    nested = write_run(tmp_path / "nested", steps=2)
+    with open(nested / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    viewer = serve(good, truncated, zero, empty, tmp_path / "missing", nested)
     page.goto(viewer.url)
-    assert reward_points(page, 0) == 2 and reward_points(page, 1) == 3
+    assert reward_points(page, 0) == 2 and reward_points(page, 1) == 3 and reward_points(page, 5) == 2
     notices = page.locator("#notices").inner_text()
     for expected in ("metrics.jsonl: the last line is incomplete (still being written?) and was skipped",
-                     "metrics.jsonl holds no steps yet", "no metrics.jsonl in", "missing does not exist"):
+                     "metrics.jsonl holds no steps yet", "no metrics.jsonl in", "missing does not exist",
+                     "metrics.jsonl: line 3 nests deeper than 100 levels and was skipped"):
         assert expected in notices
     page.screenshot(path=str(artifacts / "bad-folders-metrics.png"), full_page=True)
     page.goto(viewer.url + "#samples")
@@ -225,3 +231,45 @@ def test_env_aware_rendering_and_budget_stops(tmp_path, serve, page, artifacts):
     assert [n.get_attribute("data-node-id") for n in page.locator(".node.flash").all()] == ["rlmd"]
     assert page.locator(".node[data-node-id='rlmc']").inner_text() == (
         "depth 1 · reward 0.5 · adv 0.7 · terminated\nprompt: CHILD: sub-question\n→ 3")
+
+
+ODD_IDS = ["a(b)'c*d!e", "with space #1 %2F/x?y=z&w", "ünïcødé ✓ 😀", 'plain~-._"quoted"']
+
+
+def open_sample(page, sample_id: str) -> None:
+    """Click the sample's list entry and wait until its detail shows."""
+    page.evaluate("""(id) => [...document.querySelectorAll('#sample-list li[data-sample-id]')]
+        .find((li) => li.dataset.sampleId === id).click()""", sample_id)
+    page.wait_for_function("(id) => document.getElementById('sample-detail').dataset.sampleId === id", arg=sample_id)
+
+
+def test_sample_ids_with_odd_characters_open_in_the_page_and_in_the_export(tmp_path, serve, page, artifacts):
+    samples = [{**SAMPLE, "id": sample_id, "messages": [{"role": "user", "content": f"Question {i}"}]}
+               for i, sample_id in enumerate(ODD_IDS)]
+    folder = write_run(tmp_path / "run", samples=samples)
+    export = export_html([Run(folder)], tmp_path / "export.html")
+    for url in (serve(folder).url + "#samples", export.as_uri() + "#samples"):
+        page.goto(url)
+        page.wait_for_selector("#sample-list li[data-sample-id]")
+        for i, sample_id in enumerate(ODD_IDS):
+            open_sample(page, sample_id)
+            assert page.locator("#sample-detail h2").inner_text() == f"Question {i}"
+    page.screenshot(path=str(artifacts / "odd-ids-export.png"), full_page=True)
+
+
+def test_a_large_sample_is_cut_with_a_note_and_a_link_to_the_full_sample(tmp_path, serve, page, artifacts):
+    sample = {**SAMPLE, "messages": [{"role": "user", "content": "Question"},
+                                     {"role": "assistant", "content": "q" * 1_000_000}]}
+    folder = write_run(tmp_path / "run", samples=[sample])
+    page.goto(serve(folder).url + "#samples")
+    page.wait_for_selector("#sample-detail[data-sample-id='root1']")
+    note = page.locator("#sample-detail .notice.cut")
+    assert "characters of its texts are not shown" in note.inner_text()
+    assert "more characters cut]" in page.locator("#sample-detail .conversation").inner_text()
+    page.screenshot(path=str(artifacts / "large-sample.png"))
+    full = page.evaluate("""async () => (await (await fetch(document.querySelector('a.full-sample').href)).json())
+        .sample.messages[1].content.length""")
+    assert full == 1_000_000
+    page.goto(export_html([Run(folder)], tmp_path / "export.html").as_uri() + "#samples")
+    page.wait_for_selector("#sample-detail[data-sample-id='root1']")
+    assert "The full sample is not in this export" in page.locator("#sample-detail .notice.cut").inner_text()

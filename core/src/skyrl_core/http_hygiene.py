@@ -15,8 +15,9 @@ a handler or a parser sees it, with the same rules and the same errors everywher
 - A JSON body may nest ``max_json_depth`` deep and hold ``max_json_items`` values at most, counted
   in one pass over its bytes with constant memory, and may not hold a lone surrogate (400): decoding
   it cannot cost much more than its size, and nothing downstream meets text it cannot encode.
-- Errors are ``{"detail": message}`` with a 4xx status; a message never repeats the input (a 10 MB
-  bad value must not come back as a 10 MB error), only where it is and what is wrong.
+- Errors are ``{"detail": message}`` with a 4xx status (a FastAPI server's 422 keeps its list of
+  :func:`validation_errors`); a message never repeats the input (a 10 MB bad value must not come
+  back as a 10 MB error), only where it is and what is wrong.
 
 :class:`HygieneMiddleware` applies this to any ASGI app (FastAPI included) with no dependency;
 servers on :mod:`http.server` call :func:`check_request` and :func:`check_body` themselves.
@@ -165,13 +166,23 @@ def _after_escape(code: int, start: int, end: int, high_ends_at: int) -> int:
     return end if 0xD800 <= code <= 0xDBFF else -1
 
 
+def validation_errors(errors: Iterable[Mapping[str, Any]], most: int = 10) -> list[dict[str, Any]]:
+    """Pydantic-style errors as where and what (``type``, ``loc``, ``msg``), never the input's value: the first
+    ``most``, each name and message cut to 200 characters and made encodable (a lone surrogate becomes its escape)."""
+    return [{"type": _quoted(error.get("type", "invalid")), "loc": [_quoted(part) for part in error.get("loc", ())],
+             "msg": _quoted(error.get("msg", "invalid"))} for error in list(errors)[:most]]
+
+
 def validation_detail(errors: Iterable[Mapping[str, Any]]) -> str:
-    """A validation error's message from pydantic-style errors: where and what, never the input's value."""
-    parts = []
-    for error in list(errors)[:10]:
-        where = ".".join(str(part) for part in error.get("loc", ()))[:200]
-        parts.append(f"{where}: {str(error.get('msg', 'invalid'))[:200]}")
+    """:func:`validation_errors` in one line: ``invalid request: body.topk: msg; ...``."""
+    parts = [".".join(str(part) for part in error["loc"]) + f": {error['msg']}" for error in validation_errors(errors)]
     return "invalid request: " + "; ".join(parts)
+
+
+def _quoted(part: Any) -> Any:
+    if not isinstance(part, str):
+        return part
+    return part[:200].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 Scope = MutableMapping[str, Any]

@@ -4,28 +4,37 @@ request (so the page sees a run as it grows) and ``--export`` stores their answe
     /api/runs                        the runs: name, path, model, env, steps, problems
     /api/runs/<i>/metrics?from=N     metrics rows (from row N on), total row count, problems
     /api/runs/<i>/samples            one summary per stored trajectory (tree links, reward, stop)
-    /api/runs/<i>/samples/<id>       one trajectory in full, plus the text of its tokens
+    /api/runs/<i>/samples/<id>       one trajectory, plus the text of its tokens; a trajectory whose
+                                     texts hold more than ``max_sample_chars`` characters comes with
+                                     its longest texts cut and ``cut_chars`` saying how much was cut
+    /api/runs/<i>/samples/<id>/full  the stored trajectory as it is, nothing cut
+
+``<id>`` is percent-encoded by :func:`sample_path` (the page's ``sampleUrl`` encodes the same way).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from skyrl_viewer.runs import Run
 from skyrl_viewer.tokens import token_texts
 
 PREVIEW_CHARS = 160
+DEFAULT_MAX_SAMPLE_CHARS = 256 << 10
+MIN_CUT_CHARS = 1000  # no text is cut shorter than this
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class NotFound(Exception):
     """A path the API does not know, or a run or sample that is not there."""
 
 
-def answer(runs: Sequence[Run], url: str) -> dict[str, Any]:
+def answer(runs: Sequence[Run], url: str, max_sample_chars: int = DEFAULT_MAX_SAMPLE_CHARS) -> dict[str, Any]:
     """The JSON object for ``url`` (path and query); raises :class:`NotFound`."""
     parts = urlsplit(url)
     path = [unquote(p) for p in parts.path.strip("/").split("/")]
@@ -43,13 +52,23 @@ def answer(runs: Sequence[Run], url: str) -> dict[str, Any]:
         lines = run.samples()
         return {"samples": [sample_summary(r) for r in lines.records], "problems": lines.problems}
     if len(path) == 5 and path[3] == "samples":
-        return {"sample": sample_detail(run, path[4])}
+        return {"sample": sample_detail(run, path[4], max_sample_chars)}
+    if len(path) == 6 and path[3] == "samples" and path[5] == "full":
+        return {"sample": _sample(run, path[4])}
     raise NotFound(f"no API at {parts.path}")
 
 
+def sample_path(run_index: int, sample_id: str) -> str:
+    """The API path of a sample: every byte of its UTF-8 id but ``A-Z a-z 0-9 - . _ ~`` percent-encoded (a lone
+    surrogate too, so that an id holding one cannot stop an export)."""
+    return f"/api/runs/{run_index}/samples/{quote(sample_id, safe='', errors='surrogatepass')}"
+
+
 def to_json(value: Any) -> str:
-    """JSON text a browser parses: NaN and infinities (``metrics.jsonl`` may hold them) become null."""
-    return json.dumps(_finite(value), allow_nan=False, ensure_ascii=False, default=str)
+    """JSON text a browser parses: NaN and infinities (``metrics.jsonl`` may hold them) become null, and a lone
+    surrogate (a run file may hold its escape) its escape again, so that the text encodes as UTF-8."""
+    text = json.dumps(_finite(value), allow_nan=False, ensure_ascii=False, default=str)
+    return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
 def _finite(value: Any) -> Any:
@@ -87,15 +106,69 @@ def sample_summary(record: dict[str, Any]) -> dict[str, Any]:
             "refusals": sum(" refused: " in str(text) for text in observations)}
 
 
-def sample_detail(run: Run, sample_id: str) -> dict[str, Any]:
-    """The stored trajectory ``sample_id`` with ``token_text`` (prompt and response) when a tokenizer loads."""
+def sample_detail(run: Run, sample_id: str, max_sample_chars: int = DEFAULT_MAX_SAMPLE_CHARS) -> dict[str, Any]:
+    """The stored trajectory ``sample_id`` with ``token_text`` (prompt and response) when a tokenizer loads.
+
+    When its texts hold more than ``max_sample_chars`` characters together, the longest are cut to a common
+    length (each ends with a note of how much is missing) and ``cut_chars`` counts what was cut.
+    """
+    record = _sample(run, sample_id)
+    shown, cut = _cut_texts(record, max_sample_chars)
+    model = run.model_name()
+    return {**shown, "summary": sample_summary(record), "cut_chars": cut,
+            "token_text": {"prompt": token_texts(model, _ints(record.get("prompt_ids"))),
+                           "response": token_texts(model, _ints(record.get("response_ids")))}}
+
+
+def _sample(run: Run, sample_id: str) -> dict[str, Any]:
     for record in run.samples().records:
         if str(record.get("id")) == sample_id:
-            model = run.model_name()
-            return {**record, "summary": sample_summary(record),
-                    "token_text": {"prompt": token_texts(model, _ints(record.get("prompt_ids"))),
-                                   "response": token_texts(model, _ints(record.get("response_ids")))}}
+            return record
     raise NotFound(f"no sample {sample_id!r} in {run.path}")
+
+
+def _cut_texts(record: dict[str, Any], budget: int) -> tuple[dict[str, Any], int]:
+    """``record`` with its longest texts cut so that all its texts hold about ``budget`` characters, and how many
+    characters were cut (0: ``record`` itself)."""
+    lengths = [len(text) for text in _texts(record)]
+    if sum(lengths) <= budget:
+        return record, 0
+    cap = max(_common_length(lengths, budget), MIN_CUT_CHARS)
+
+    def cut(text: str) -> str:
+        return text if len(text) <= cap else f"{text[:cap]}… [{len(text) - cap:,} more characters cut]"
+
+    return _map_texts(record, cut), sum(max(length - cap, 0) for length in lengths)
+
+
+def _common_length(lengths: list[int], budget: int) -> int:
+    """The length ``c`` such that cutting every text longer than ``c`` to ``c`` leaves at most ``budget`` in all."""
+    longest = [*sorted(lengths, reverse=True), 0]
+    rest, count = sum(lengths), 0
+    while True:  # cut the longest ``count`` texts to a common length that stays at least the next one's
+        rest -= longest[count]
+        count += 1
+        common = (budget - rest) // count
+        if common >= longest[count]:
+            return common
+
+
+def _texts(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (dict, list)):
+        for child in value.values() if isinstance(value, dict) else value:
+            yield from _texts(child)
+
+
+def _map_texts(value: Any, change: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {key: _map_texts(child, change) for key, child in value.items()}
+    if isinstance(value, list):
+        return [_map_texts(child, change) for child in value]
+    return value
 
 
 def _run(runs: Sequence[Run], index: str) -> Run:

@@ -11,32 +11,31 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from skyrl_viewer.api import answer, to_json
+from skyrl_viewer.api import DEFAULT_MAX_SAMPLE_CHARS, answer, sample_detail, sample_path, to_json
 from skyrl_viewer.assets import PLOTLY_NAME, plotly_path, static_text
 from skyrl_viewer.runs import Run
 
 _SCRIPT_END = re.compile(r"</(script)", re.IGNORECASE)
 
 
-def exported_responses(runs: Sequence[Run]) -> dict[str, Any]:
-    """Every API answer the page can ask for, by path."""
+def exported_responses(runs: Sequence[Run], max_sample_chars: int = DEFAULT_MAX_SAMPLE_CHARS) -> dict[str, Any]:
+    """Every API answer the page can ask for, by path (not a sample's full text: large ones stay cut)."""
     responses: dict[str, Any] = {"/api/runs": answer(runs, "/api/runs")}
     for index in range(len(runs)):
         base = f"/api/runs/{index}"
         responses[f"{base}/metrics"] = answer(runs, f"{base}/metrics")
         samples = answer(runs, f"{base}/samples")
         responses[f"{base}/samples"] = samples
-        for sample in samples["samples"]:
-            path = f"{base}/samples/{quote(sample['id'], safe='')}"
-            responses[path] = answer(runs, path)
+        for sample in samples["samples"]:  # by the path the page asks for, not through a decoded URL
+            detail = sample_detail(runs[index], sample["id"], max_sample_chars)
+            responses[sample_path(index, sample["id"])] = {"sample": detail}
     return responses
 
 
-def export_html(runs: Sequence[Run], target: str | Path) -> Path:
+def export_html(runs: Sequence[Run], target: str | Path, max_sample_chars: int = DEFAULT_MAX_SAMPLE_CHARS) -> Path:
     """Write the self-contained page for ``runs`` to ``target`` and return its path."""
-    data = to_json(exported_responses(runs)).replace("<", "\\u003c")  # no markup can open inside the script
+    data = to_json(exported_responses(runs, max_sample_chars)).replace("<", "\\u003c")  # no markup can open inside
     html = static_text("index.html")
     replacements = {
         '<link rel="stylesheet" href="static/app.css">': f"<style>\n{static_text('app.css')}</style>",

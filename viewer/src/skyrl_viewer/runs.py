@@ -2,19 +2,30 @@
 
 Nothing here raises on a bad folder: every reader returns what it could read plus ``problems``, short
 sentences the page shows instead of a blank chart (no ``metrics.jsonl``, a truncated last line that is
-still being written, zero steps). Files are read again on every call, so a page that polls sees new lines.
+still being written, a malformed line, zero steps). Files are read again on every call, so a page that
+polls sees new lines.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 CONFIG_FILE = "config.yaml"
+DEFAULT_MAX_LINE_BYTES = 256 << 20
+MAX_DEPTH = 100  # deeper lines are skipped: the API and the export walk records recursively
+
+# A string, or what is left of an unclosed one (so that no quote is tried twice: linear on any line).
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 @dataclass
@@ -25,57 +36,92 @@ class Lines:
     problems: list[str]
 
 
-_parsed: dict[Path, tuple[tuple[int, int], Lines]] = {}  # path -> ((mtime, size), lines): unchanged files parse once
+_parsed: dict[Path, tuple[tuple[int, int, int], Lines]] = {}  # path -> (version, lines): unchanged files parse once
 
 
-def read_jsonl(path: Path) -> Lines:
-    """Every parseable object line of ``path``; a bad last line without its newline is a write in progress."""
+def read_jsonl(path: Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Lines:
+    """Every parseable object line of ``path``; the others are skipped and reported as problems.
+
+    Skipped: a line that is not a JSON object, one larger than ``max_line_bytes`` (never held in memory
+    whole), one nested deeper than :data:`MAX_DEPTH` (checked before parsing), and a bad last line
+    without its newline, which is a write in progress.
+    """
     try:
         stat = path.stat()
-        version = (stat.st_mtime_ns, stat.st_size)
+        version = (stat.st_mtime_ns, stat.st_size, max_line_bytes)
         cached = _parsed.get(path)
         if cached and cached[0] == version:
             return Lines(list(cached[1].records), list(cached[1].problems))
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as file:
+            lines = list(_lines(file, max_line_bytes))
     except FileNotFoundError:
         return Lines([], [f"{path.name} does not exist"])
     except OSError as exc:
         return Lines([], [f"{path.name} cannot be read: {exc.strerror or exc}"])
     records: list[dict[str, Any]] = []
     problems: list[str] = []
-    lines = text.split("\n")
     for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            if number == len(lines):  # no newline after it: the writer is mid-line
-                problems.append(f"{path.name}: the last line is incomplete (still being written?) and was skipped")
-            else:
-                problems.append(f"{path.name}: line {number} is not valid JSON and was skipped")
-            continue
-        if isinstance(record, dict):
+        record, problem = _parse(line, number, max_line_bytes)
+        if record is not None:
             records.append(record)
-        else:
-            problems.append(f"{path.name}: line {number} is not a JSON object and was skipped")
+        elif problem is not None:
+            problems.append(f"{path.name}: {problem}")
     _parsed[path] = (version, Lines(records, problems))
     return Lines(list(records), list(problems))
+
+
+def _lines(file: IO[bytes], limit: int) -> Iterator[bytes | None]:
+    """The lines of ``file`` with their newlines; ``None`` for one longer than ``limit`` bytes, read past in chunks."""
+    while line := file.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = file.readline(1 << 20)
+        yield None
+
+
+def _parse(line: bytes | None, number: int, max_line_bytes: int) -> tuple[dict[str, Any] | None, str | None]:
+    """Line ``number``'s object, or ``None`` and what to report (``None`` for a blank line)."""
+    if line is None:
+        return None, f"line {number} is larger than {max_line_bytes / 2**20:g} MB and was skipped"
+    text = line.decode("utf-8", errors="replace")
+    if not text.strip():
+        return None, None
+    if _nests_deeper(text, MAX_DEPTH):
+        return None, f"line {number} nests deeper than {MAX_DEPTH} levels and was skipped"
+    try:
+        record = json.loads(text)
+    except ValueError:
+        if not line.endswith(b"\n"):  # the writer is mid-line
+            return None, "the last line is incomplete (still being written?) and was skipped"
+        return None, f"line {number} is not valid JSON and was skipped"
+    if not isinstance(record, dict):
+        return None, f"line {number} is not a JSON object and was skipped"
+    return record, None
+
+
+def _nests_deeper(text: str, limit: int) -> bool:
+    """Whether the arrays and objects of a JSON text nest deeper than ``limit``, counted on its brackets outside
+    strings (no parsing; stops at the first bracket too deep)."""
+    brackets = map(re.Match.group, _BRACKET.finditer(_STRING.sub("", text)))
+    return any(level > limit for level in accumulate(map(_NESTING.__getitem__, brackets)))
 
 
 class Run:
     """One run folder given on the command line."""
 
-    def __init__(self, path: str | Path, name: str | None = None) -> None:
+    def __init__(self, path: str | Path, name: str | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         self.path = Path(path).expanduser()
         self.name = name or self.path.resolve().name or str(self.path)
+        self.max_line_bytes = max_line_bytes
 
     def metrics(self) -> Lines:
         """Rows of ``metrics.jsonl`` that carry a numeric ``step``, in step order."""
         missing = self._missing(METRICS_FILE, "the run has not logged a step yet, or this is not a run folder")
         if missing:
             return missing
-        lines = read_jsonl(self.path / METRICS_FILE)
+        lines = read_jsonl(self.path / METRICS_FILE, self.max_line_bytes)
         rows = [r for r in lines.records if isinstance(r.get("step"), (int, float))]
         if len(rows) < len(lines.records):
             lines.problems.append(f"{METRICS_FILE}: {len(lines.records) - len(rows)} line(s) without a step skipped")
@@ -88,7 +134,7 @@ class Run:
         missing = self._missing(SAMPLES_FILE, "the trainer writes sample trajectories there after each step")
         if missing:
             return missing
-        lines = read_jsonl(self.path / SAMPLES_FILE)
+        lines = read_jsonl(self.path / SAMPLES_FILE, self.max_line_bytes)
         for index, record in enumerate(lines.records):
             record.setdefault("id", f"line{index + 1}")
         return lines

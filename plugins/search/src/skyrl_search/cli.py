@@ -1,7 +1,7 @@
 """``skyrl-search``: run a retrieval server, build a BM25 index, evaluate a policy.
 
     skyrl-search serve [--index DIR] [--corpus FILE] [--host H] [--port P] [--topk K] [--retriever bm25|dense]
-                       [--model DIR]
+                       [--model DIR] [--max-topk N] [--max-queries N]
     skyrl-search index --corpus FILE --out DIR
     skyrl-search eval ...            (see skyrl-search eval --help)
 
@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .config import DEFAULT_MAX_QUERIES, DEFAULT_MAX_TOPK
 from .retrieval import RetrievalError
 
 _EXTRAS = {"fastapi": "server", "uvicorn": "server", "faiss": "dense", "torch": "dense", "transformers": "dense",
@@ -34,10 +35,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--corpus", type=Path,
                        help="a JSONL/Parquet corpus, indexed on first use (into --index when given, else the cache)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                       help="a name clients may reach the server by, beyond the loopback ones and --host (their "
+                            "Host header); repeatable. Other names get 421, as a DNS-rebinding web page would")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
     serve.add_argument("--retriever", choices=("bm25", "dense"), default="bm25", help="retrieval backend")
     serve.add_argument("--model", help="dense only: the local sentence-embedding model folder to embed with")
+    serve.add_argument("--max-topk", type=int, default=DEFAULT_MAX_TOPK,
+                       help=f"most passages a request may ask for per query (default: {DEFAULT_MAX_TOPK}; 422 above)")
+    serve.add_argument("--max-queries", type=int, default=DEFAULT_MAX_QUERIES,
+                       help=f"most queries one request may hold (default: {DEFAULT_MAX_QUERIES}; 422 above)")
 
     index = commands.add_parser("index", help="build a BM25 index folder from a corpus",
                                 description="Index a JSONL/Parquet corpus (wiki-18 'contents' rows or "
@@ -99,11 +107,14 @@ def _serve(args: argparse.Namespace) -> int:
         options["model"] = args.model
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
-    if args.topk < 1:
-        raise ValueError(f"--topk must be at least 1, got {args.topk}")
+    if args.max_queries < 1:
+        raise ValueError(f"--max-queries must be at least 1, got {args.max_queries}")
+    if not 1 <= args.topk <= args.max_topk:
+        raise ValueError(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
     from .server import serve
 
-    serve(host=args.host, port=args.port, topk=args.topk, retriever=args.retriever, options=options)
+    serve(host=args.host, port=args.port, topk=args.topk, retriever=args.retriever, options=options,
+          max_topk=args.max_topk, max_queries=args.max_queries, allowed_hosts=args.allowed_host)
     return 0
 
 

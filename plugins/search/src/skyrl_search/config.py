@@ -7,6 +7,11 @@ from typing import Any, Literal
 from pydantic import Field
 from skyrl_core import EnvConfig
 
+# The retrieval server's caps per request (skyrl-search serve --max-topk/--max-queries); here, not in the
+# server module, so that the command line shows them without the server extra. The env's topk stays within.
+DEFAULT_MAX_TOPK = 50
+DEFAULT_MAX_QUERIES = 256
+
 
 class SearchEnvConfig(EnvConfig):
     max_turns: int = Field(4, ge=1, description="Replies per episode; the last one must answer (SkyRL's recipe: 4).")
@@ -17,7 +22,7 @@ class SearchEnvConfig(EnvConfig):
         description="Options of the retriever. bm25: index_dir (default: the built-in corpus's index, built on first "
                     "use), corpus (a JSONL/Parquet corpus to index into index_dir). http: url (default "
                     "http://127.0.0.1:8000/retrieve), timeout_s, retries, batched. dense: model, index_dir, corpus.")
-    topk: int = Field(3, ge=1, le=50, description="Passages shown per search.")
+    topk: int = Field(3, ge=1, le=DEFAULT_MAX_TOPK, description="Passages shown per search.")
     data_files: dict[str, str] = Field(
         default_factory=dict,
         description="Split -> question file (Search-R1 parquet rows with prompt and reward_spec.ground_truth.target, "

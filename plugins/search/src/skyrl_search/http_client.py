@@ -1,9 +1,10 @@
-"""``HttpRetriever``: a client of a Search-R1-style retrieval server (``skyrl-search serve`` or Search-R1's own).
+"""``HttpRetriever``: a client of a Search-R1-style retrieval server (``skyrl-search serve`` or a peer's).
 
 It sends the batched form ``{"queries": [...], "topk", "return_scores": true}`` (one request per
-batch), or with ``batched=False`` one single-form ``{"query": ...}`` request per query, sent
-concurrently, which is what Search-R1's own server accepts. Both response shapes
-(``{"document": doc, "score": s}`` and the bare doc) become :class:`Passage` objects.
+batch; the only form Search-R1's retrieval server takes), or with ``batched=False`` one single-form
+``{"query": ...}`` request per query, sent concurrently (the only form SkyRL's example retrieval
+server takes). ``skyrl-search serve`` takes both. Both response shapes (``{"document": doc, "score":
+s}`` and the bare doc) become :class:`Passage` objects.
 
 Server errors (5xx), refused connections and timeouts are retried ``retries`` times with
 exponential backoff; a 4xx or a malformed reply fails at once. Every failure is a
@@ -26,6 +27,13 @@ from .retrieval import Passage, RetrievalError
 DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
 _EXCERPT_CHARS = 300
 _OPTIONS = ("url", "timeout_s", "retries", "backoff_s", "batched", "max_connections")
+# A 422 that names the other form's field: the server takes only that form.
+_OTHER_FORM_HINTS = {
+    "query": " (this server takes only the single form {\"query\": ...}, as SkyRL's example retrieval server does: "
+             "set the option batched: false)",
+    "queries": " (this server takes only the batched form {\"queries\": [...]}, as Search-R1's retrieval server "
+               "does: set the option batched: true, the default)",
+}
 
 
 class _Retryable(Exception):
@@ -121,9 +129,9 @@ class HttpRetriever:
         if response.status_code >= 500:
             raise _Retryable(f"HTTP {response.status_code}: {_excerpt(response.text)}")
         if response.status_code >= 400:
-            hint = ""
-            if "queries" in body and response.status_code == 422:
-                hint = " (a server that only takes single queries, like Search-R1's, needs the option batched: false)"
+            other_form = "query" if "queries" in body else "queries"
+            named = response.status_code == 422 and f'"{other_form}"' in response.text
+            hint = _OTHER_FORM_HINTS[other_form] if named else ""
             raise RetrievalError(
                 f"retrieval server {self.url} refused the request: HTTP {response.status_code}: "
                 f"{_excerpt(response.text)}{hint}")

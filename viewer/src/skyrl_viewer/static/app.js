@@ -33,7 +33,7 @@ async function api(path) {
   }
   const response = await fetch(`.${path}`, { cache: "no-store" });  // relative: works behind a path prefix
   const body = await response.json().catch(() => ({ error: `HTTP ${response.status} from ${path}` }));
-  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  if (!response.ok) throw new Error(body.detail || `HTTP ${response.status}`);
   return body;
 }
 
@@ -53,7 +53,9 @@ function el(tag, attrs, ...children) {
 
 const $ = (id) => document.getElementById(id);
 const fmt = (v) => (typeof v === "number" ? String(Math.abs(v) >= 1000 ? Math.round(v) : Number(v.toPrecision(4))) : String(v));
-const sampleUrl = (id) => `/api/runs/${state.run}/samples/${encodeURIComponent(id)}`;
+// Ids are encoded as the export stores them (skyrl_viewer.api.sample_path): every byte but A-Z a-z 0-9 - . _ ~.
+const encodeId = (id) => encodeURIComponent(id).replace(/[!'()*]/g, (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`);
+const sampleUrl = (id) => `/api/runs/${state.run}/samples/${encodeId(id)}`;
 
 function setStatus(text) { $("status").textContent = text; }
 
@@ -372,6 +374,15 @@ function metricsTable(record) {
     ...rows.map(([k, v]) => el("tr", {}, el("td", { text: k }), el("td", { text: fmt(v) }))))];
 }
 
+// A large sample comes with its longest texts cut: say so, and where the full one is.
+function cutNotice(record, id) {
+  if (!record.cut_chars) return "";
+  const full = EXPORT ? " The full sample is not in this export: serve the run with skyrl view to read it."
+    : el("a", { class: "full-sample", href: `.${sampleUrl(id)}/full`, target: "_blank", text: "Open the full sample (JSON)" });
+  return el("div", { class: "notice cut" }, `This sample is large: ${record.cut_chars.toLocaleString("en")} characters `
+    + "of its texts are not shown (each cut text ends with “… [N more characters cut]”). ", full);
+}
+
 async function renderDetail(box, id, onCall) {
   box.replaceChildren(el("p", { class: "hint", text: "loading…" }));
   delete box.dataset.sampleId;
@@ -386,7 +397,7 @@ async function renderDetail(box, id, onCall) {
   if (box.pending !== id) return;
   const s = record.summary;
   box.replaceChildren(
-    el("h2", { text: s.title || id }), el("div", {}, ...badges(s)),
+    el("h2", { text: s.title || id }), cutNotice(record, id), el("div", {}, ...badges(s)),
     s.final_answer ? el("p", {}, el("b", { text: "Final answer: " }), s.final_answer) : "",
     ...metricsTable(record), el("h3", { text: "Conversation" }),
     el("div", { class: "conversation" }, ...conversation(record, onCall)),
