@@ -24,13 +24,13 @@ else:
 
             super().__init__(ServerConfig(base_model="tiny-random", checkpoint_dir=str(checkpoint_dir), **config))
 
-        def client(self):
+        def client(self, api_key: str = "tml-skyrl-test"):
             import tinker
 
-            return tinker.ServiceClient(base_url=self.url, api_key="tml-skyrl-test")
+            return tinker.ServiceClient(base_url=self.url, api_key=api_key)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def new_server() -> type[LocalServer]:
     """``new_server(checkpoint_dir)`` starts a server on tiny-random; the test stops it (for restarts)."""
     return LocalServer

@@ -6,11 +6,16 @@ These are hand-built HTTP requests on purpose: the real client validates most of
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+import tracemalloc
 
 import httpx
 import pytest
 import zstandard
+from skyrl_tinker.tenants import DEFAULT_TENANT
+from skyrl_tinker.wire import DECOMPRESS_CHUNK, BodyTooLargeError, decompress
+from tinker_helpers import fb_body, tensor, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -24,25 +29,8 @@ def model_id(http, server):
     session = http.post("/create_session", json={"tags": [], "sdk_version": "test"}).json()["session_id"]
     created = http.post("/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": "tiny-random",
                                                "lora_config": {"rank": 2}}).json()
-    _wait(http, created["request_id"])
+    wait_for(http, created["request_id"])
     return created["model_id"]
-
-
-def _wait(http: httpx.Client, request_id: str) -> dict:
-    while True:
-        body = http.post("/retrieve_future", json={"request_id": request_id}).json()
-        if body.get("type") != "try_again":
-            return body
-
-
-def _fb(model_id: str, tokens: list[int], inputs: dict, loss_fn: str = "cross_entropy") -> dict:
-    return {"model_id": model_id, "seq_id": 1, "forward_backward_input": {
-        "loss_fn": loss_fn, "data": [{"model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens}]},
-                                      "loss_fn_inputs": inputs}]}}
-
-
-def _tensor(values: list, dtype: str = "int64") -> dict:
-    return {"data": values, "dtype": dtype, "shape": [len(values)]}
 
 
 @pytest.mark.parametrize("case,status,needle", [
@@ -55,21 +43,25 @@ def _tensor(values: list, dtype: str = "int64") -> dict:
     ("bad_config", 400, "not used by 'cross_entropy'"),
     ("oversize_batch", 400, "at most 1024"),
     ("not_json", 400, "nor JSON"),
-    ("missing_field", 400, "missing field"),
+    ("missing_field", 400, "forward_backward_input is required"),
+    ("sparse_bomb", 400, "has more than 16777216 entries"),
 ])
 def test_bad_forward_backward_is_a_4xx(http, model_id, case, status, needle):
-    ok_inputs = {"target_tokens": _tensor([2, 3, 4])}
+    ok_inputs = {"target_tokens": tensor([2, 3, 4])}
     body = {
-        "unknown_model": _fb("nope:train:0", [1, 2, 3], ok_inputs),
-        "wrong_shape": _fb(model_id, [1, 2, 3], {"target_tokens": _tensor([2, 3])}),
-        "token_outside_vocab": _fb(model_id, [1, 2, 99999], ok_inputs),
-        "target_outside_vocab": _fb(model_id, [1, 2, 3], {"target_tokens": _tensor([2, 3, 10**6])}),
-        "missing_input": _fb(model_id, [1, 2, 3], {"target_tokens": _tensor([2, 3, 4]),
-                                                   "logprobs": _tensor([0.0] * 3, "float32")}, "ppo"),
-        "unknown_loss": _fb(model_id, [1, 2, 3], ok_inputs, "kl_magic"),
-        "bad_config": {**_fb(model_id, [1, 2, 3], ok_inputs)},
-        "oversize_batch": _fb(model_id, [1, 2, 3], ok_inputs),
+        "unknown_model": fb_body("nope:train:0", [1, 2, 3], ok_inputs),
+        "wrong_shape": fb_body(model_id, [1, 2, 3], {"target_tokens": tensor([2, 3])}),
+        "token_outside_vocab": fb_body(model_id, [1, 2, 99999], ok_inputs),
+        "target_outside_vocab": fb_body(model_id, [1, 2, 3], {"target_tokens": tensor([2, 3, 10**6])}),
+        "missing_input": fb_body(model_id, [1, 2, 3], {"target_tokens": tensor([2, 3, 4]),
+                                                   "logprobs": tensor([0.0] * 3, "float32")}, "ppo"),
+        "unknown_loss": fb_body(model_id, [1, 2, 3], ok_inputs, "kl_magic"),
+        "bad_config": {**fb_body(model_id, [1, 2, 3], ok_inputs)},
+        "oversize_batch": fb_body(model_id, [1, 2, 3], ok_inputs),
         "missing_field": {"model_id": model_id},
+        "sparse_bomb": fb_body(model_id, [1, 2, 3], {"target_tokens": {  # a few bytes that would be 4 PB dense
+            "data": [1], "dtype": "int64", "shape": [10**6, 10**9], "sparse_crow_indices": [0, 1],
+            "sparse_col_indices": [0]}}),
     }.get(case)
     if case == "bad_config":
         body["forward_backward_input"]["loss_fn_config"] = {"beta": 1.0}
@@ -87,7 +79,7 @@ def test_json_bodies_are_accepted_too(http, model_id):
     """Older clients post JSON to forward_backward and forward; results are protobuf either way."""
     from tinker.proto.response_conv import deserialize_forward_backward_output
 
-    body = _fb(model_id, [1, 2, 3], {"target_tokens": _tensor([2, 3, 4]), "weights": _tensor([0.0, 1.0, 1.0], "float32")})
+    body = fb_body(model_id, [1, 2, 3], {"target_tokens": tensor([2, 3, 4]), "weights": tensor([0.0, 1.0, 1.0], "float32")})
     for path in ("/forward_backward", "/forward"):
         queued = http.post(path, json=body)
         assert queued.status_code == 200, queued.text
@@ -97,18 +89,17 @@ def test_json_bodies_are_accepted_too(http, model_id):
         assert out.loss_fn_outputs[0]["elementwise_loss"].data[0] == 0.0 and out.metrics["loss:sum"] > 0
 
 
-def test_bad_binary_bodies_and_unsupported_endpoints(http, model_id, monkeypatch):
+def test_bad_binary_bodies_and_unsupported_endpoints(http, model_id):
     garbage = http.post("/forward_backward", content=b"\x00\xffnot-protobuf",
                         headers={"content-type": "application/x-protobuf"})
     assert garbage.status_code == 400 and "protobuf" in garbage.json()["detail"]
     bad_zstd = http.post("/forward_backward", content=b"definitely not zstd",
                          headers={"content-type": "application/x-protobuf", "content-encoding": "zstd"})
     assert bad_zstd.status_code == 400 and "zstd" in bad_zstd.json()["detail"]
-    monkeypatch.setattr("skyrl_tinker.wire.MAX_DECOMPRESSED_BYTES", 1024 * 1024)
-    bomb = zstandard.ZstdCompressor().compress(b"\x00" * (4 * 1024 * 1024))
+    bomb = _zstd_zeros(768 * 1024 * 1024)  # the default --max-body-mb 64 lets a body expand to 256 MB
     too_big = http.post("/forward_backward", content=bomb,
                         headers={"content-type": "application/x-protobuf", "content-encoding": "zstd"})
-    assert too_big.status_code == 400 and "larger than" in too_big.json()["detail"]
+    assert too_big.status_code == 413 and "4 x --max-body-mb" in too_big.json()["detail"], too_big.text
     for path, feature in [("/copy_weights", "copying weights"), ("/create_custom_loss", "custom losses"),
                           ("/no_such_thing", "/api/v1/no_such_thing")]:
         response = http.post(path, json={})
@@ -122,6 +113,31 @@ def test_bad_binary_bodies_and_unsupported_endpoints(http, model_id, monkeypatch
     assert http.post("/create_model", json={"session_id": "nope", "model_seq_id": 0, "base_model": "tiny-random",
                                             "lora_config": {"rank": 2}}).status_code == 404
     assert http.get("/healthz").json() == {"status": "ok"}
+
+
+def _zstd_zeros(size: int) -> bytes:
+    """A zstd frame of ``size`` zero bytes (about 24 KB for 768 MB), compressed a chunk at a time."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj(size=size)
+    chunk = bytes(4 * 1024 * 1024)
+    return b"".join([compressor.compress(chunk) for _ in range(size // len(chunk))] + [compressor.flush()])
+
+
+def test_a_zstd_bomb_is_refused_while_it_decompresses():
+    """Decompression counts its output as it goes: a 768 MB bomb is refused once the cap is passed, with
+    at most the cap plus one chunk read."""
+    bomb = _zstd_zeros(768 * 1024 * 1024)
+    assert len(bomb) < 32 * 1024
+    cap = 8 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(BodyTooLargeError, match=f"more than {cap} bytes"):
+            decompress(bomb, "zstd", cap)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < cap + 2 * DECOMPRESS_CHUNK, peak
+    small = zstandard.ZstdCompressor().compress(b"abc" * 1000)
+    assert decompress(small, "zstd", cap) == b"abc" * 1000
 
 
 def test_bad_sample_requests(http, model_id):
@@ -158,7 +174,7 @@ def test_a_silent_session_is_reaped(http, server):
     session = http.post("/create_session", json={"tags": [], "sdk_version": "test"}).json()["session_id"]
     created = http.post("/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": "tiny-random",
                                                "lora_config": {"rank": 2}}).json()
-    _wait(http, created["request_id"])
+    wait_for(http, created["request_id"])
     assert http.post("/session_heartbeat", json={"session_id": session}).status_code == 200
     service.sessions.get(session).last_seen -= service.sessions.timeout + 1  # as if heartbeats stopped
     assert service.reap() == 1
@@ -190,7 +206,7 @@ def test_a_reaped_sessions_sampling_stops(http, server):
 
 
 def test_old_results_are_pruned(http, model_id, server):
-    future = server.service.futures.create("test")
+    future = server.service.futures.create("test", DEFAULT_TENANT)
     server.service.futures.finish(future, {"ok": True})
     refused = http.post("/cancel_future", json={"request_id": future.request_id})
     assert refused.status_code == 400 and "only sampling requests can be cancelled" in refused.json()["detail"]
@@ -206,3 +222,35 @@ def test_skyrl_cli_has_the_tinker_command():
 
     result = CliRunner().invoke(build_app(), ["tinker", "serve", "--help"])
     assert result.exit_code == 0 and "--base-model" in result.output and "--checkpoint-dir" in result.output
+
+
+# --- core's HTTP hygiene, as this server applies it ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("headers", "body", "status"), [
+    ({"host": "rebound.attacker.example:8000"}, b'{"tags": [], "sdk_version": "x"}', 421),
+    ({"content-type": "text/plain"}, b'{"tags": [], "sdk_version": "x"}', 415),
+    ({"content-type": "application/x-www-form-urlencoded"}, b"tags=1", 415),
+    ({}, b'{"tags": ' + b"[" * 40 + b"]" * 40 + b', "sdk_version": "x"}', 400),
+    ({}, b'{"tags": ["\\ud800"], "sdk_version": "x"}', 400),
+], ids=["foreign-host", "text-plain", "form", "nested", "lone-surrogate"])
+def test_what_a_web_page_or_another_client_sends_is_refused_before_a_route_reads_it(http, headers, body, status):
+    response = http.post("/create_session", content=body, headers={"content-type": "application/json", **headers})
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"detail"} and len(response.content) < 1000
+    assert http.post("/create_session", json={"tags": [], "sdk_version": "test"}).status_code == 200
+
+
+def test_a_declared_body_above_the_limit_is_413_before_it_is_sent(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /api/v1/create_session HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-Key: tml-skyrl-test\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (65 * 1024 * 1024))
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 413") and b"67,108,864 bytes" in reply
+
+
+def test_json_inside_a_zstd_body_is_checked_once_decompressed(http, model_id):
+    nested = b'{"model_id": "%s", "forward_backward_input": %s}' % (model_id.encode(), b"[" * 100 + b"]" * 100)
+    response = http.post("/forward_backward", content=zstandard.ZstdCompressor().compress(nested),
+                         headers={"content-type": "application/json", "content-encoding": "zstd"})
+    assert response.status_code == 400 and "deeper than 32" in response.json()["detail"]

@@ -25,6 +25,7 @@ servers on :mod:`http.server` call :func:`check_request` and :func:`check_body` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
@@ -39,6 +40,7 @@ _SPECIAL = re.compile(rb'["\\\[\]{},]')
 _HEX4 = re.compile(rb"[0-9a-fA-F]{4}")
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPENING, _CLOSING = frozenset(b"[{"), frozenset(b"]}")
+_OFF_LOOP_BYTES = 256 * 1024
 _LONE_SURROGATE = "the JSON body holds a lone surrogate (an escape in \\ud800-\\udfff without its pair)"
 
 
@@ -104,11 +106,16 @@ def check_request(method: str, headers: Mapping[str, str], limits: HttpLimits, b
             raise HttpProblem(415, f"a {method.upper()} body must be one of: {', '.join(sorted(limits.body_types))}")
 
 
-def check_body(body: bytes, content_type: str, limits: HttpLimits) -> None:
-    """Check a whole body before anything parses it: its size and, for JSON, its structure; raises HttpProblem."""
+def check_body(body: bytes, content_type: str, limits: HttpLimits, content_encoding: str = "") -> None:
+    """Check a whole body before anything parses it: its size and, for JSON, its structure; raises HttpProblem.
+
+    A compressed body (a ``Content-Encoding`` other than identity) is checked for its size only: the app
+    checks what it decompresses, with :func:`check_json_structure`.
+    """
     if len(body) > limits.max_body_bytes:
         raise HttpProblem(413, f"the body is larger than this server's limit of {limits.max_body_bytes:,} bytes")
-    if content_type.split(";", 1)[0].strip().lower() in JSON_TYPES:
+    compressed = content_encoding.strip().lower() not in ("", "identity")
+    if not compressed and content_type.split(";", 1)[0].strip().lower() in JSON_TYPES:
         check_json_structure(body, limits)
 
 
@@ -212,7 +219,11 @@ class HygieneMiddleware:
         try:
             check_request(scope["method"], headers, self.limits, self.bound_host)
             body = await _read_body(receive, self.limits.max_body_bytes)
-            check_body(body, headers.get("content-type", ""), self.limits)
+            args = (body, headers.get("content-type", ""), self.limits, headers.get("content-encoding", ""))
+            if len(body) >= _OFF_LOOP_BYTES:  # a long scan must not hold up the other requests on the loop
+                await asyncio.to_thread(check_body, *args)
+            else:
+                check_body(*args)
         except HttpProblem as problem:
             await send_problem(send, problem)
             return

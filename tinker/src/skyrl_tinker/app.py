@@ -4,6 +4,12 @@ Routes only parse bodies and shape responses; :mod:`skyrl_tinker.service` does t
 answers at once with ``{"request_id": ...}`` and the client polls ``retrieve_future``. Errors are
 JSON ``{"detail": "..."}`` with a 4xx status. Endpoints the client knows but this server does not
 implement answer 404 naming the feature (not 501: the client retries every 5xx for minutes).
+Every request is authenticated to a tenant first (:mod:`skyrl_tinker.tenants`); routes hand it on.
+Then core's HTTP hygiene (:mod:`skyrl_core.http_hygiene`) checks it before a route reads it: the
+``Host`` (421 for names other than loopback, the bound address and ``allowed_hosts``: a page that
+rebinds its name cannot drive the API through a browser), the body size (413 above ``max_body_mb``),
+its content type (415 unless JSON or protobuf: no cross-site ``text/plain`` posts) and a JSON body's
+nesting and value count (400); a zstd body's JSON is checked the same way once decompressed.
 """
 
 from __future__ import annotations
@@ -12,20 +18,26 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from skyrl_core.http_hygiene import JSON_TYPES, HttpLimits, HttpProblem, HygieneMiddleware, check_json_structure
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from skyrl_tinker.backend import Backend
 from skyrl_tinker.checkpoints import CheckpointStore
+from skyrl_tinker.fields import Fields, integers
 from skyrl_tinker.futures import FutureStore
 from skyrl_tinker.sampler import Sampler, SamplerEngineKind, SamplingEngine, build_sampler_engine
 from skyrl_tinker.service import MAX_TOPK, RequestError, TinkerService
 from skyrl_tinker.sessions import SessionRegistry
+from skyrl_tinker.tenants import DEFAULT_TENANT, Limits, tenant_of
 from skyrl_tinker.wire import (
     DatumIn,
     ForwardBackwardIn,
@@ -38,6 +50,7 @@ from skyrl_tinker.wire import (
 log = logging.getLogger(__name__)
 
 API = "/api/v1"
+BODY_TYPES = JSON_TYPES | {"application/x-protobuf"}  # what the tinker client sends
 RETRIEVE_FUTURES_POLL_SECONDS = 30.0  # the client's poller allows a retrieve_futures call 45 s
 POLL_SECONDS = 40.0  # a retrieve_future long-poll (the client times out at 45 s and logs every try_again)
 UNSUPPORTED = {
@@ -57,10 +70,37 @@ class ServerConfig:
     session_timeout: float = 300.0
     max_batch_datums: int = 1024
     max_sample_batch: int = 64
-    api_key: str | None = None  # when set, every request must carry it as X-API-Key
+    api_key: str | None = None  # when set, every request must carry it as X-API-Key (one tenant, "default")
+    api_keys: Mapping[str, str] | None = None  # key -> tenant (serve --api-keys FILE); not with api_key
     # hf: transformers on ``device``; vllm: vLLM on the first visible GPU (needs skyrl-trainers[vllm] and CUDA)
     sampler_engine: SamplerEngineKind = "hf"
     sampler_gpu_memory_utilization: float = 0.4  # vllm only: the share of the GPU vLLM reserves (rest: trainer)
+    max_sessions: int = Limits.sessions  # per tenant
+    max_adapters: int = Limits.adapters  # per tenant
+    max_queued_requests: int = Limits.queued  # per tenant
+    max_body_mb: int = 64  # the largest request body; a zstd body may decompress to 4x this
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback and bound_host (serve --allowed-host)
+    bound_host: str | None = None  # the address the server listens on (serve --host)
+
+    def tenant_keys(self) -> dict[str, str] | None:
+        """API key -> tenant; None in single-user mode (no keys: every request is ``DEFAULT_TENANT``)."""
+        if self.api_key is not None and self.api_keys is not None:
+            raise ValueError("give api_key (one shared key) or api_keys (a key per tenant), not both")
+        if self.api_keys is not None:
+            if not self.api_keys:
+                raise ValueError("api_keys is empty: give at least one key, or none for single-user mode")
+            return dict(self.api_keys)
+        return None if self.api_key is None else {self.api_key: DEFAULT_TENANT}
+
+    @property
+    def max_decompressed_bytes(self) -> int:
+        return 4 * self.max_body_mb * 1024 * 1024
+
+    def http_limits(self) -> HttpLimits:
+        """What a request may be before a route reads it. A JSON value costs the parser up to ~60 bytes, so at
+        most 4 million values (forward_backward batches travel as protobuf, whose size alone is checked)."""
+        return HttpLimits(max_body_bytes=self.max_body_mb * 1024 * 1024, max_json_items=4_000_000,
+                          allowed_hosts=self.allowed_hosts, body_types=BODY_TYPES)
 
 
 def build_service(config: ServerConfig, sampler_engine: SamplingEngine | None = None) -> TinkerService:
@@ -78,11 +118,13 @@ def build_service(config: ServerConfig, sampler_engine: SamplingEngine | None = 
         raise
     sampler = Sampler(engine, backend.base_linear_weights, futures)
     return TinkerService(backend, sampler, CheckpointStore(Path(config.checkpoint_dir)),
-                         SessionRegistry(config.session_timeout), futures)
+                         SessionRegistry(config.session_timeout), futures,
+                         Limits(config.max_sessions, config.max_adapters, config.max_queued_requests))
 
 
 def create_app(config: ServerConfig, service: TinkerService | None = None) -> FastAPI:
     """The app; ``service`` is built from ``config`` when not given (tests pass their own)."""
+    keys = config.tenant_keys()
     svc = service or build_service(config)
 
     @contextlib.asynccontextmanager
@@ -99,21 +141,26 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
     app = FastAPI(title="skyrl-tinker", lifespan=lifespan)
     app.state.service = svc
 
-    if config.api_key is not None:
-        @app.middleware("http")
-        async def check_api_key(request: Request, call_next: Any) -> Response:
-            if request.headers.get("x-api-key") != config.api_key:
-                return JSONResponse({"detail": "missing or wrong API key (X-API-Key); the server was started "
-                                               "with --api-key"}, status_code=401)
-            return await call_next(request)
+    # The last added runs first: the key is checked before any body is read, then the hygiene layer.
+    limits = config.http_limits()
+    app.add_middleware(HygieneMiddleware, limits=limits, bound_host=config.bound_host)
+    app.add_middleware(_Authenticate, keys=keys, option="--api-key" if config.api_key is not None else "--api-keys")
+
+    @app.exception_handler(HttpProblem)
+    async def http_problem(_: Request, exc: HttpProblem) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(WireError)
     async def wire_error(_: Request, exc: WireError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=400)  # the client left before its body came (e.g. closing): nobody reads this
 
     @app.exception_handler(KeyError)
     async def missing_field(_: Request, exc: KeyError) -> JSONResponse:
@@ -150,103 +197,96 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
         return {"status": "accepted"}  # the client reports its own telemetry; nothing is kept
 
     @app.post(f"{API}/create_session")
-    async def create_session(request: Request) -> dict[str, Any]:
-        body = await _json(request)
-        session = svc.sessions.create(str(body.get("sdk_version", "")))
-        return {"type": "create_session", "session_id": session.session_id}
+    async def create_session(request: Request, tenant: Tenant) -> dict[str, Any]:
+        return svc.create_session(tenant, await _json(request))
 
     @app.post(f"{API}/session_heartbeat")
-    async def heartbeat(request: Request) -> dict[str, str]:
-        body = await _json(request)
-        if not svc.sessions.touch(body["session_id"]):
-            raise RequestError(410, f"session {body['session_id']!r} is unknown, finished or expired")
+    async def heartbeat(request: Request, tenant: Tenant) -> dict[str, str]:
+        svc.heartbeat(tenant, await _json(request))
         return {"type": "session_heartbeat"}
 
     @app.post(f"{API}/sessions/{{session_id}}/finish")
-    async def finish_session(session_id: str) -> None:
-        session = svc.sessions.finish(session_id)
-        if session is not None:
-            svc.drop_session(session)
+    async def finish_session(session_id: str, tenant: Tenant) -> None:
+        svc.finish_session(tenant, session_id)
 
     # --- models and training ---------------------------------------------------------------------
 
     @app.post(f"{API}/create_model")
-    async def create_model(request: Request) -> dict[str, Any]:
-        future, model_id = svc.create_model(await _json(request))
+    async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
+        future, model_id = svc.create_model(tenant, await _json(request))
         return {"request_id": future.request_id, "model_id": model_id}
 
     @app.post(f"{API}/get_info")
-    async def get_info(request: Request) -> dict[str, Any]:
-        return svc.get_info((await _json(request))["model_id"])
+    async def get_info(request: Request, tenant: Tenant) -> dict[str, Any]:
+        return svc.get_info(tenant, await _json(request))
 
     @app.post(f"{API}/unload_model")
-    async def unload_model(request: Request) -> dict[str, Any]:
-        model_id = (await _json(request))["model_id"]
-        return {"request_id": svc.unload_model(model_id).request_id, "model_id": model_id}
+    async def unload_model(request: Request, tenant: Tenant) -> dict[str, Any]:
+        body = await _json(request)
+        return {"request_id": svc.unload_model(tenant, body).request_id, "model_id": body["model_id"]}
 
     @app.post(f"{API}/forward_backward")
-    async def forward_backward(request: Request) -> dict[str, Any]:
-        parsed = await _forward_backward_body(request, forward_only=False)
-        return {"request_id": svc.forward_backward(parsed).request_id, "model_id": parsed.model_id}
+    async def forward_backward(request: Request, tenant: Tenant) -> dict[str, Any]:
+        parsed = await _forward_backward_body(request, forward_only=False, max_bytes=config.max_decompressed_bytes,
+                                              limits=limits)
+        return {"request_id": svc.forward_backward(tenant, parsed).request_id, "model_id": parsed.model_id}
 
     @app.post(f"{API}/forward")
-    async def forward(request: Request) -> dict[str, Any]:
-        parsed = await _forward_backward_body(request, forward_only=True)
-        return {"request_id": svc.forward_backward(parsed).request_id, "model_id": parsed.model_id}
+    async def forward(request: Request, tenant: Tenant) -> dict[str, Any]:
+        parsed = await _forward_backward_body(request, forward_only=True, max_bytes=config.max_decompressed_bytes,
+                                              limits=limits)
+        return {"request_id": svc.forward_backward(tenant, parsed).request_id, "model_id": parsed.model_id}
 
     @app.post(f"{API}/optim_step")
-    async def optim_step(request: Request) -> dict[str, Any]:
+    async def optim_step(request: Request, tenant: Tenant) -> dict[str, Any]:
         body = await _json(request)
-        return {"request_id": svc.optim_step(body).request_id, "model_id": body["model_id"]}
+        return {"request_id": svc.optim_step(tenant, body).request_id, "model_id": body["model_id"]}
 
     @app.post(f"{API}/save_weights")
-    async def save_weights(request: Request) -> dict[str, Any]:
+    async def save_weights(request: Request, tenant: Tenant) -> dict[str, Any]:
         body = await _json(request)
-        return {"request_id": svc.save_weights(body).request_id, "model_id": body["model_id"]}
+        return {"request_id": svc.save_weights(tenant, body).request_id, "model_id": body["model_id"]}
 
     @app.post(f"{API}/save_weights_for_sampler")
-    async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
+    async def save_weights_for_sampler(request: Request, tenant: Tenant) -> dict[str, Any]:
         body = await _json(request)
-        return {"request_id": svc.save_weights_for_sampler(body).request_id, "model_id": body["model_id"]}
+        return {"request_id": svc.save_weights_for_sampler(tenant, body).request_id, "model_id": body["model_id"]}
 
     @app.post(f"{API}/load_weights")
-    async def load_weights(request: Request) -> dict[str, Any]:
-        return {"request_id": svc.load_weights(await _json(request)).request_id}
+    async def load_weights(request: Request, tenant: Tenant) -> dict[str, Any]:
+        return {"request_id": svc.load_weights(tenant, await _json(request)).request_id}
 
     # --- sampling --------------------------------------------------------------------------------
 
     @app.post(f"{API}/create_sampling_session")
-    async def create_sampling_session(request: Request) -> dict[str, Any]:
-        return svc.create_sampling_session(await _json(request))
+    async def create_sampling_session(request: Request, tenant: Tenant) -> dict[str, Any]:
+        return svc.create_sampling_session(tenant, await _json(request))
 
     @app.get(f"{API}/samplers/{{sampling_id}}")
-    async def sampler_info(sampling_id: str) -> dict[str, Any]:
-        return svc.sampler_info(sampling_id)
+    async def sampler_info(sampling_id: str, tenant: Tenant) -> dict[str, Any]:
+        return svc.sampler_info(tenant, sampling_id)
 
     @app.post(f"{API}/asample")
-    async def asample(request: Request) -> dict[str, Any]:
-        future, sequence_ids = svc.asample(await _json(request))
+    async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
+        future, sequence_ids = svc.asample(tenant, await _json(request))
         return {"request_id": future.request_id, "sample_sequence_ids": sequence_ids}
 
     # --- futures ---------------------------------------------------------------------------------
 
     @app.post(f"{API}/retrieve_futures")
-    async def retrieve_futures(request: Request) -> dict[str, Any]:
-        return await svc.retrieve_futures(await _json(request), RETRIEVE_FUTURES_POLL_SECONDS)
+    async def retrieve_futures(request: Request, tenant: Tenant) -> dict[str, Any]:
+        return await svc.retrieve_futures(tenant, await _json(request), RETRIEVE_FUTURES_POLL_SECONDS)
 
     @app.post(f"{API}/cancel_future")
-    async def cancel_future(request: Request) -> dict[str, Any]:
-        svc.cancel_future(await _json(request))
+    async def cancel_future(request: Request, tenant: Tenant) -> dict[str, Any]:
+        svc.cancel_future(tenant, await _json(request))
         return {}
 
     @app.post(f"{API}/retrieve_future")
-    async def retrieve_future(request: Request) -> Response:
-        request_id = (await _json(request))["request_id"]
-        future = svc.futures.get(request_id)
-        if future is None:
-            raise RequestError(404, f"unknown request id {request_id!r} (never issued, or its session was reaped)")
+    async def retrieve_future(request: Request, tenant: Tenant) -> Response:
+        future = svc.future(tenant, Fields(await _json(request)).text("request_id"))
         if not await svc.futures.wait(future, POLL_SECONDS):
-            return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+            return JSONResponse({"type": "try_again", "request_id": future.request_id, "queue_state": "active"})
         if future.error is not None:
             return JSONResponse({"error": future.error, "category": future.category})
         if isinstance(future.result, bytes):
@@ -256,24 +296,30 @@ def create_app(config: ServerConfig, service: TinkerService | None = None) -> Fa
     # --- training runs and checkpoints -----------------------------------------------------------
 
     @app.get(f"{API}/training_runs")
-    async def training_runs(limit: int = 20, offset: int = 0) -> dict[str, Any]:
-        return svc.training_runs(limit, offset)
+    async def training_runs(tenant: Tenant, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+        return svc.training_runs(tenant, max(limit, 0), max(offset, 0))
 
     @app.get(f"{API}/training_runs/{{run_id}}")
-    async def training_run(run_id: str) -> dict[str, Any]:
-        return svc.training_run(run_id)
+    async def training_run(run_id: str, tenant: Tenant) -> dict[str, Any]:
+        return svc.training_run(tenant, run_id)
 
     @app.get(f"{API}/training_runs/{{run_id}}/checkpoints")
-    async def list_checkpoints(run_id: str) -> dict[str, Any]:
-        return svc.list_checkpoints(run_id)
+    async def list_checkpoints(run_id: str, tenant: Tenant) -> dict[str, Any]:
+        return svc.list_checkpoints(tenant, run_id)
+
+    # before the DELETE below, whose checkpoint_id:path would take ".../publish" too
+    @app.api_route(f"{API}/training_runs/{{run_id}}/checkpoints/{{checkpoint_id:path}}/publish",
+                   methods=["POST", "DELETE"])
+    async def publish_checkpoint(request: Request, run_id: str, checkpoint_id: str, tenant: Tenant) -> None:
+        svc.publish_checkpoint(tenant, run_id, checkpoint_id, public=request.method == "POST")
 
     @app.delete(f"{API}/training_runs/{{run_id}}/checkpoints/{{checkpoint_id:path}}")
-    async def delete_checkpoint(run_id: str, checkpoint_id: str) -> None:
-        svc.delete_checkpoint(run_id, checkpoint_id)
+    async def delete_checkpoint(run_id: str, checkpoint_id: str, tenant: Tenant) -> None:
+        svc.delete_checkpoint(tenant, run_id, checkpoint_id)
 
     @app.post(f"{API}/weights_info")
-    async def weights_info(request: Request) -> dict[str, Any]:
-        return svc.weights_info((await _json(request))["tinker_path"])
+    async def weights_info(request: Request, tenant: Tenant) -> dict[str, Any]:
+        return svc.weights_info(tenant, await _json(request))
 
     # --- everything else -------------------------------------------------------------------------
 
@@ -296,25 +342,56 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _forward_backward_body(request: Request, *, forward_only: bool) -> ForwardBackwardIn:
-    raw = decompress(await request.body(), request.headers.get("content-encoding"))
+class _Authenticate:
+    """Names the tenant of every request by its ``X-API-Key`` (``request.state.tenant``), or answers 401."""
+
+    def __init__(self, app: ASGIApp, keys: Mapping[str, str] | None, option: str) -> None:
+        self.app, self.keys, self.option = app, keys, option
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        tenant = tenant_of(self.keys, Headers(scope=scope).get("x-api-key"))
+        if tenant is None:
+            response = JSONResponse({"detail": f"missing or wrong API key (X-API-Key); the server was started "
+                                               f"with {self.option}"}, status_code=401)
+            return await response(scope, receive, send)
+        scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
+
+
+async def _tenant(request: Request) -> str:  # async: a plain def would run in a thread pool, per request
+    return request.state.tenant  # set by _Authenticate
+
+
+Tenant = Annotated[str, Depends(_tenant)]
+
+
+async def _forward_backward_body(request: Request, *, forward_only: bool, max_bytes: int,
+                                 limits: HttpLimits) -> ForwardBackwardIn:
+    raw = decompress(await request.body(), request.headers.get("content-encoding"), max_bytes)
     if "protobuf" in request.headers.get("content-type", ""):
         parsed = parse_forward_backward(raw)
         parsed.forward_only = parsed.forward_only or forward_only
         return parsed
+    check_json_structure(raw, limits)  # what a zstd body decompressed to has not been checked yet
     try:
-        body = json.loads(raw or b"{}")
+        body = Fields(json.loads(raw or b"{}"))
     except ValueError as exc:
         raise RequestError(400, f"body is neither protobuf (Content-Type) nor JSON: {exc}") from None
-    fb = body["forward_backward_input"]
+    fb = body.obj("forward_backward_input", required=True)
     data = []
-    for i, datum in enumerate(fb["data"]):
-        tokens = [int(t) for chunk in datum["model_input"]["chunks"] for t in chunk["tokens"]]
+    for i, raw_datum in enumerate(fb.items("data")):
+        datum = Fields(raw_datum, f"forward_backward_input.data[{i}]")
+        tokens = []
+        for j, raw_chunk in enumerate(datum.obj("model_input").items("chunks")):
+            chunk = Fields(raw_chunk, f"{datum.where}.model_input.chunks[{j}]")
+            tokens += integers(chunk.items("tokens"), f"{chunk.where}.tokens")
         inputs = {k: tensor_from_json(v, f"datum {i} loss_fn_inputs[{k!r}]")
-                  for k, v in datum.get("loss_fn_inputs", {}).items()}
+                  for k, v in datum.obj("loss_fn_inputs").data.items()}
         data.append(DatumIn(tokens, inputs))
-    return ForwardBackwardIn(body["model_id"], body.get("seq_id"), data, fb["loss_fn"],
-                             dict(fb.get("loss_fn_config") or {}), forward_only)
+    return ForwardBackwardIn(body.text("model_id"), body.integer("seq_id", None), data, fb.text("loss_fn"),
+                             dict(fb.obj("loss_fn_config").data), forward_only)
 
 
 async def _reap_forever(svc: TinkerService, every: float) -> None:

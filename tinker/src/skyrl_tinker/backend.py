@@ -11,17 +11,24 @@ would make peft wrap the same ``nn.Linear`` objects twice; named adapters are th
 Not thread-safe: the server calls it from one worker thread (see :mod:`skyrl_tinker.futures`).
 Adapters are never applied to the output head (``train_unembed`` is ignored): on models with tied
 embeddings a LoRA delta on the head would also move the input embeddings.
+
+A ``forward_backward`` that fails part-way (out of memory, a bad row that got past validation)
+leaves the backend as it was: the routing hooks come off the layers and the gradients of the
+adapters involved are put back as they were before the call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
 from skyrl_trainers.forward import MicroBatch, token_logprobs
 from skyrl_trainers.models import load_model_and_tokenizer, model_source
 
@@ -30,6 +37,9 @@ from skyrl_tinker.wire import DatumIn
 
 LORA_ALPHA = 32  # Tinker exposes only the rank; scaling is alpha / rank
 _PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no client has an adapter
+# Tinker's AdamParams and their defaults
+ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
+                 "grad_clip_norm": 0.0}
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,9 @@ class Backend:
                 torch.manual_seed(spec.seed)
             self.peft.add_adapter(name, self._lora_config(spec))
         params = self._params(name)
-        optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(params, lr=ADAM_DEFAULTS["learning_rate"],
+                                      betas=(ADAM_DEFAULTS["beta1"], ADAM_DEFAULTS["beta2"]),
+                                      eps=ADAM_DEFAULTS["eps"], weight_decay=ADAM_DEFAULTS["weight_decay"])
         self._adapters[model_id] = _Adapter(name, spec, optimizer)
 
     def drop(self, model_id: str) -> None:
@@ -161,7 +173,8 @@ class Backend:
 
         With more than one adapter, every row goes through its own model's adapter only (peft's
         mixed-adapter batch, ``adapter_names``): the batch loss is a sum of per-row losses, so each
-        adapter's gradient is exactly what its own request alone would give.
+        adapter's gradient is exactly what its own request alone would give. If it raises, the
+        adapters' gradients are what they were before the call.
         """
         resolved = {}
         for _, data in requests:
@@ -172,11 +185,25 @@ class Backend:
             raise KeyError(missing[0])
         self.peft.set_adapter(adapters[0].name)
         routed = len({a.name for a in adapters}) > 1
+        params = [p for adapter in adapters for group in adapter.optimizer.param_groups for p in group["params"]]
         if routed and not forward_only:  # set_adapter leaves only the first adapter trainable
+            for p in params:
+                p.requires_grad_(True)
+        saved = {} if forward_only else {p: None if p.grad is None else p.grad.clone() for p in params}
+        try:
+            outputs, totals = self._run_rows(adapters, requests, loss_fn, resolved, routed, forward_only)
+        except BaseException:
+            for p, grad in saved.items():
+                p.grad = grad
+            raise
+        if not forward_only:
             for adapter in adapters:
-                for group in adapter.optimizer.param_groups:
-                    for p in group["params"]:
-                        p.requires_grad_(True)
+                adapter.pending_grads = True
+        return [ForwardResult(out, {"loss:sum": total}) for out, total in zip(outputs, totals, strict=True)]
+
+    def _run_rows(self, adapters: list[_Adapter], requests: Sequence[tuple[str, Sequence[DatumIn]]], loss_fn: str,
+                  config: Mapping[str, float], routed: bool, forward_only: bool
+                  ) -> tuple[list[list[dict[str, np.ndarray]]], list[float]]:
         rows = [(i, adapter.name, datum) for i, (adapter, (_, data)) in enumerate(zip(adapters, requests, strict=True))
                 for datum in data]
         outputs: list[list[dict[str, np.ndarray]]] = [[] for _ in requests]
@@ -185,7 +212,7 @@ class Backend:
             data = [datum for _, _, datum in chunk]
             with torch.set_grad_enabled(not forward_only):
                 names = [name for _, name, _ in chunk] if routed else None
-                logp, per_token = self._loss(data, loss_fn, resolved, names)
+                logp, per_token = self._loss(data, loss_fn, config, names)
                 if not forward_only:
                     per_token.sum().backward()
             for (owner, _, datum), lp, loss in zip(chunk, logp.detach().float().cpu(),
@@ -193,10 +220,7 @@ class Backend:
                 n = len(datum.tokens)
                 outputs[owner].append({"logprobs": lp[:n].numpy(), "elementwise_loss": loss[:n].numpy()})
                 totals[owner] += float(loss[:n].sum())
-        if not forward_only:
-            for adapter in adapters:
-                adapter.pending_grads = True
-        return [ForwardResult(out, {"loss:sum": total}) for out, total in zip(outputs, totals, strict=True)]
+        return outputs, totals
 
     def _micro_batches(self, rows: Sequence[tuple[int, str, DatumIn]]) -> list[list[tuple[int, str, DatumIn]]]:
         chunks: list[list[tuple[int, str, DatumIn]]] = [[]]
@@ -213,9 +237,25 @@ class Backend:
               adapter_names: list[str] | None) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.micro_batch(chunk)
         losses = loss_batch([d.loss_fn_inputs for d in chunk], batch.targets.shape[1]).to(self.device)
-        model = self.peft if adapter_names is None else _Routed(self.peft, adapter_names)
-        logp, _ = token_logprobs(model, batch)
+        with self._routed(adapter_names):
+            logp, _ = token_logprobs(self.peft, batch)
         return logp, elementwise_loss(loss_fn, logp, losses, config)
+
+    @contextlib.contextmanager
+    def _routed(self, adapter_names: list[str] | None) -> Iterator[None]:
+        """Route row ``i`` of the forwards inside through adapter ``adapter_names[i]`` (peft's mixed-adapter
+        batch). peft's own ``adapter_names`` argument leaves its hooks on the layers when the forward
+        raises (no ``finally``), and every later forward would then be routed by this batch's names."""
+        if adapter_names is None:
+            yield
+            return
+        hooks = [layer.register_forward_pre_hook(partial(_route_rows, adapter_names), with_kwargs=True)
+                 for layer in self.peft.modules() if isinstance(layer, LoraLayer)]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def micro_batch(self, chunk: Sequence[DatumIn]) -> MicroBatch:
         """One datum per right-padded row; position ``t`` of a row predicts ``target_tokens[t]``."""
@@ -234,16 +274,18 @@ class Backend:
         return MicroBatch(ids, positions, mask, predictors, targets, mask.float(), zeros, zeros).to(self.device)
 
     def optim_step(self, model_id: str, params: Mapping[str, float]) -> dict[str, float]:
-        """One AdamW step on the adapter's accumulated gradients (then cleared), with Tinker's AdamParams."""
+        """One AdamW step on the adapter's accumulated gradients (then cleared), with Tinker's AdamParams
+        (``ADAM_DEFAULTS`` for those not given; the caller checks their values)."""
         adapter = self._activate(model_id)
-        lr = float(params.get("learning_rate", 1e-4))
+        params = {**ADAM_DEFAULTS, **params}
+        lr = float(params["learning_rate"])
         for group in adapter.optimizer.param_groups:
-            group.update(lr=lr, betas=(float(params.get("beta1", 0.9)), float(params.get("beta2", 0.95))),
-                         eps=float(params.get("eps", 1e-12)), weight_decay=float(params.get("weight_decay", 0.0)))
+            group.update(lr=lr, betas=(float(params["beta1"]), float(params["beta2"])), eps=float(params["eps"]),
+                         weight_decay=float(params["weight_decay"]))
         trainable = [p for group in adapter.optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in trainable if p.grad is not None]
         norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
-        clip = float(params.get("grad_clip_norm", 0.0))
+        clip = float(params["grad_clip_norm"])
         if clip > 0 and grads:
             torch.nn.utils.clip_grad_norm_(trainable, clip)
         adapter.optimizer.step()
@@ -285,15 +327,7 @@ class Backend:
             adapter.steps = int(optimizer.get("steps", 0))
 
 
-class _Routed:
-    """The PeftModel called with one adapter name per batch row (duck-typed for ``token_logprobs``)."""
-
-    def __init__(self, model: torch.nn.Module, adapter_names: list[str]) -> None:
-        self._model = model
-        self._adapter_names = adapter_names
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self._model(adapter_names=self._adapter_names, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
+def _route_rows(adapter_names: list[str], module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A LoRA layer's forward pre-hook: its rows go through the adapters named (peft's mixed batch)."""
+    return args, {**kwargs, "adapter_names": adapter_names}

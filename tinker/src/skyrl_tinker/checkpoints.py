@@ -2,20 +2,24 @@
 
 Layout under the checkpoint dir::
 
-    <run_id>/run.json                          base model, LoRA spec, creation time
+    <run_id>/run.json                          owner (tenant), base model, LoRA spec, creation time
     <run_id>/weights/<name>/                   save_weights: adapter.safetensors, optimizer.pt, meta.json
     <run_id>/sampler_weights/<name>/           save_weights_for_sampler: adapter.safetensors, meta.json
 
-``tinker://<run_id>/weights/<name>`` names the folder ``<run_id>/weights/<name>``. A checkpoint is
-written into a hidden sibling folder and renamed into place, so a crash never leaves a half-written
-checkpoint under a real name, and listing skips hidden folders.
+``tinker://<run_id>/weights/<name>`` names the folder ``<run_id>/weights/<name>``. Run ids and names
+are checked against one pattern each (:data:`RUN_ID`, :data:`NAME`) before any path is built from
+them, so no id reaches outside its run's folder. A checkpoint is written into a hidden sibling folder
+and renamed into place, so a crash never leaves a half-written checkpoint under a real name, and
+listing skips hidden folders. ``meta.json`` records whether the owner published it (``public``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import time
 import uuid
@@ -27,13 +31,27 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from skyrl_tinker.tenants import DEFAULT_TENANT
+
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # both matched with fullmatch
+# new run ids are run-<32 hex>; runs written before that were <session>:train:<n>. No '.', no '/'.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_:-]{0,127}")
 
 
 class CheckpointError(ValueError):
     """A bad or unknown checkpoint path, or a name already taken; the message says which."""
+
+
+def new_run_id() -> str:
+    """An unguessable run id (also the model id of a model made by create_model)."""
+    return f"run-{secrets.token_hex(16)}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise CheckpointError(f"{run_id!r} is not a training run id (letters, digits, '_', '-' or ':')")
+    return run_id
 
 
 @dataclass(frozen=True)
@@ -42,12 +60,17 @@ class TinkerPath:
     kind: str  # "weights" or "sampler_weights"
     name: str
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS or not RUN_ID.fullmatch(self.run_id) or not NAME.fullmatch(self.name):
+            raise CheckpointError(f"checkpoint path {str(self)!r} is not tinker://<run_id>/(weights|sampler_weights)/"
+                                  "<name> (run id: letters, digits, '_', '-', ':'; name: letters, digits, '.', '_', '-')")
+
     @classmethod
     def parse(cls, path: str) -> TinkerPath:
-        if not path.startswith("tinker://"):
+        if not isinstance(path, str) or not path.startswith("tinker://"):
             raise CheckpointError(f"checkpoint path {path!r} must start with tinker://")
         parts = path.removeprefix("tinker://").split("/")
-        if len(parts) != 3 or parts[1] not in KINDS or not _RUN.match(parts[0]) or not _NAME.match(parts[2]):
+        if len(parts) != 3:
             raise CheckpointError(f"checkpoint path {path!r} is not tinker://<run_id>/(weights|sampler_weights)/<name>")
         return cls(*parts)
 
@@ -62,19 +85,36 @@ class CheckpointStore:
 
     # --- runs ------------------------------------------------------------------------------------
 
-    def write_run(self, run_id: str, base_model: str, spec: dict[str, Any]) -> None:
-        folder = self.root / run_id
+    def _run_dir(self, run_id: str) -> Path:
+        """The run's folder; the one place a run id becomes a path."""
+        return self.root / check_run_id(run_id)
+
+    def write_run(self, run_id: str, owner: str, base_model: str, spec: dict[str, Any]) -> None:
+        folder = self._run_dir(run_id)
         folder.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(folder / "run.json", {"base_model": base_model, "lora": spec, "created": time.time()})
+        _write_json_atomic(folder / "run.json", {"owner": owner, "base_model": base_model, "lora": spec,
+                                                 "created": time.time()})
 
     def read_run(self, run_id: str) -> dict[str, Any]:
+        """The run's record; ``owner`` is ``DEFAULT_TENANT`` for runs written before tenants."""
+        run_file = self._run_dir(run_id) / "run.json"
         try:
-            return json.loads((self.root / run_id / "run.json").read_text())
+            run = json.loads(run_file.read_text())
         except (OSError, ValueError):
-            raise CheckpointError(f"unknown training run {run_id!r}") from None
+            run = None
+        if not isinstance(run, dict):
+            raise CheckpointError(f"unknown training run {run_id!r}")
+        return {"owner": DEFAULT_TENANT, **run}
 
-    def runs(self) -> list[str]:
-        return sorted(p.parent.name for p in self.root.glob("*/run.json"))
+    def runs(self, owner: str) -> list[tuple[str, dict[str, Any]]]:
+        """``owner``'s runs and their records, oldest first (unreadable ones are left out)."""
+        found = []
+        for run_file in self.root.glob("*/run.json"):
+            with contextlib.suppress(CheckpointError):
+                run = self.read_run(run_file.parent.name)
+                if run["owner"] == owner:
+                    found.append((run_file.parent.name, run))
+        return sorted(found, key=lambda item: (item[1].get("created", 0), item[0]))
 
     # --- checkpoints -----------------------------------------------------------------------------
 
@@ -123,23 +163,39 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {path} does not exist")
         shutil.rmtree(folder)
 
+    def is_public(self, path: TinkerPath) -> bool:
+        try:
+            return json.loads((self.folder(path) / "meta.json").read_text()).get("public") is True
+        except (OSError, ValueError):
+            return False
+
+    def set_public(self, path: TinkerPath, public: bool) -> None:
+        """Publish (any tenant may then load and sample it) or unpublish a checkpoint. Saving over it
+        writes a fresh, unpublished one."""
+        meta_file = self.folder(path) / "meta.json"
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            raise CheckpointError(f"checkpoint {path} does not exist") from None
+        _write_json_atomic(meta_file, {**meta, "public": public})
+
     def folder(self, path: TinkerPath) -> Path:
-        return self.root / path.run_id / path.kind / path.name
+        return self._run_dir(path.run_id) / path.kind / path.name
 
     def list(self, run_id: str) -> list[dict[str, Any]]:
         """Checkpoints of a run, oldest first, as Tinker ``Checkpoint`` objects."""
         out = []
         for kind, ctype in KINDS.items():
-            for folder in (self.root / run_id / kind).glob("*/meta.json"):
+            for folder in (self._run_dir(run_id) / kind).glob("*/meta.json"):
                 folder = folder.parent
-                if folder.name.startswith("."):
+                if not NAME.fullmatch(folder.name):  # hidden: a checkpoint being written or replaced
                     continue
                 meta = json.loads((folder / "meta.json").read_text())
                 size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
                 path = TinkerPath(run_id, kind, folder.name)
                 out.append({"checkpoint_id": f"{kind}/{folder.name}", "checkpoint_type": ctype,
                             "time": _iso(meta.get("time", 0.0)), "tinker_path": str(path), "size_bytes": size,
-                            "public": False, "user_metadata": meta.get("user_metadata")})
+                            "public": meta.get("public") is True, "user_metadata": meta.get("user_metadata")})
         return sorted(out, key=lambda c: c["time"])
 
 

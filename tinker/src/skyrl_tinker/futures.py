@@ -8,15 +8,18 @@ Samples of a sampling session also enter that session's completion log (:class:`
 the client's one poller per sampling client long-polls ``retrieve_futures`` for which requests
 finished since its cursor, instead of one ``retrieve_future`` long poll per request, then fetches
 each payload once.
+
+A future belongs to the tenant whose request made it; ``pending`` counts a tenant's unfinished ones
+(its queued requests, for the per-tenant limit).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import secrets
 import threading
 import time
-import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +30,7 @@ Result = bytes | dict[str, Any]
 @dataclass
 class Future:
     request_id: str
+    tenant: str
     session_id: str | None
     kind: str
     created: float = field(default_factory=time.monotonic)
@@ -60,20 +64,25 @@ class FutureStore:
         self._futures: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ids = itertools.count()
         self._logs: dict[Target, CompletionLog] = {}
+        self._pending: Counter[str] = Counter()  # unfinished futures per tenant
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def create(self, kind: str, session_id: str | None = None, target: Target | None = None) -> Future:
-        request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:12]}"
-        future = Future(request_id, session_id, kind, target=target)
+    def create(self, kind: str, tenant: str, session_id: str | None = None, target: Target | None = None) -> Future:
+        future = Future(secrets.token_hex(16), tenant, session_id, kind, target=target)
         with self._lock:
-            self._futures[request_id] = future
+            self._futures[future.request_id] = future
+            self._pending[tenant] += 1
             if target is not None:
                 self._logs.setdefault(target, CompletionLog())
         return future
+
+    def pending(self, tenant: str) -> int:
+        """How many of ``tenant``'s futures are not settled yet (queued or running)."""
+        with self._lock:
+            return self._pending[tenant]
 
     def get(self, request_id: str) -> Future | None:
         with self._lock:
@@ -91,6 +100,7 @@ class FutureStore:
             if future.done:  # the first outcome stays (a sample cancelled as it finished)
                 return
             future.result, future.error, future.category, future.done = result, error, category, True
+            self._pending[future.tenant] -= 1
             waiters, future.waiters = future.waiters, []
             log = self._logs.get(future.target) if future.target is not None else None
             if log is not None:

@@ -16,6 +16,7 @@ over its datums (Tinker does not normalise; the client scales advantages or weig
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -75,6 +76,8 @@ def resolve_config(loss_fn: str, config: Mapping[str, float | str] | None) -> di
             resolved[key] = float(value)
         except (TypeError, ValueError):
             raise LossInputError(f"loss_fn_config[{key!r}] must be a number, got {value!r}") from None
+        if not math.isfinite(resolved[key]):
+            raise LossInputError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
     if "clip_low_threshold" in resolved and not 0 <= resolved["clip_low_threshold"] <= 1 <= resolved["clip_high_threshold"]:
         raise LossInputError("need 0 <= clip_low_threshold <= 1 <= clip_high_threshold, got "
                              f"{resolved['clip_low_threshold']} and {resolved['clip_high_threshold']}")
@@ -105,9 +108,11 @@ def check_datum(loss_fn: str, index: int, tokens: list[int], inputs: Mapping[str
         if value.shape != (n,):
             raise LossInputError(f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(value.shape)}, "
                                  f"expected [{n}] (one entry per model_input token)")
-        if key != "target_tokens" and not np.all(np.isfinite(value)):
+        if not np.all(np.isfinite(value)):
             raise LossInputError(f"datum {index}: loss_fn_inputs[{key!r}] has NaN or infinite values")
     targets = inputs["target_tokens"]
+    if not np.issubdtype(targets.dtype, np.integer) and not np.array_equal(targets, np.round(targets)):
+        raise LossInputError(f"datum {index}: loss_fn_inputs['target_tokens'] must be whole token ids")
     bad = targets[(targets < 0) | (targets >= vocab_size)]
     if bad.size:
         raise LossInputError(f"datum {index}: target_tokens outside the vocabulary (size {vocab_size}): "

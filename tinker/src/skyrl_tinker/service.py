@@ -1,13 +1,23 @@
-"""What each Tinker request does: validation, then work queued on the training worker or the sampler.
+"""What each Tinker request does: ownership and validation, then work queued on the training worker or
+the sampler.
 
 HTTP-free (``app.py`` maps routes onto these methods): every method either returns a JSON-ready
 dict, returns a :class:`~skyrl_tinker.futures.Future` for queued work, or raises
 :class:`RequestError` with an HTTP status and a message naming what was wrong.
+
+Tenants (:mod:`skyrl_tinker.tenants`): every method takes the tenant the request comes from.
+Sessions, models, sampling sessions and futures record their tenant, runs record it in ``run.json``,
+and an object of another tenant is answered exactly as an unknown id is (404), whatever the request
+does with it. The one exception is a checkpoint its owner published: any tenant may load it, sample
+it and read its ``weights_info`` (never list its run, delete or publish it). Ids are random (128
+bits). A tenant past one of its :class:`~skyrl_tinker.tenants.Limits` gets a 429 naming the limit.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,36 +26,46 @@ from typing import Any
 
 from skyrl_core.engine import SamplingParams
 
-from skyrl_tinker.backend import AdapterSpec, Backend
-from skyrl_tinker.checkpoints import CheckpointError, CheckpointStore, TinkerPath
+from skyrl_tinker.backend import ADAM_DEFAULTS, AdapterSpec, Backend
+from skyrl_tinker.checkpoints import CheckpointError, CheckpointStore, TinkerPath, new_run_id
+from skyrl_tinker.fields import INT64_MAX, FieldError, Fields, integers
 from skyrl_tinker.futures import Future, FutureStore, Result
 from skyrl_tinker.losses import LossInputError
 from skyrl_tinker.sampler import SampleJob, Sampler, SamplerWeights
 from skyrl_tinker.sessions import Session, SessionRegistry
+from skyrl_tinker.tenants import Limits
 from skyrl_tinker.wire import ForwardBackwardIn
 from skyrl_tinker.worker import Job, TrainWorker
 
 log = logging.getLogger(__name__)
 
 MAX_NUM_SAMPLES = 128
+MAX_LORA_RANK = 256
 DEFAULT_MAX_TOKENS = 256
 FUTURE_TTL = 3600.0  # seconds a finished result stays retrievable
 MAX_TOPK = 64
 UNSUPPORTED_SAMPLE_FIELDS = {"topk_sample_logprobs": "top-k sample logprobs",
                              "target_prompt_logprobs": "target prompt logprobs",
                              "prompt_alt_tokens_k": "prompt alternative tokens"}
+# The client retries a 429 with backoff (for up to five minutes): a full queue drains, so let it; a
+# tenant's sessions or models stay until it lets go of some, so tell it not to.
+_RETRY_SOON = {"retry-after": "1"}
+_DO_NOT_RETRY = {"x-should-retry": "false"}
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = dict(headers or {})
 
 
 @dataclass
 class ModelInfo:
     model_id: str
+    run_id: str  # where its checkpoints go: the model id itself, except for a model created by a load
+    tenant: str
     session_id: str
     spec: AdapterSpec
     sampler_seq: int = 0
@@ -54,6 +74,7 @@ class ModelInfo:
 @dataclass
 class SamplingSession:
     sampling_session_id: str
+    tenant: str
     session_id: str
     weights: SamplerWeights
     model_path: str | None
@@ -61,12 +82,13 @@ class SamplingSession:
 
 class TinkerService:
     def __init__(self, backend: Backend, sampler: Sampler, checkpoints: CheckpointStore,
-                 sessions: SessionRegistry, futures: FutureStore) -> None:
+                 sessions: SessionRegistry, futures: FutureStore, limits: Limits | None = None) -> None:
         self.backend = backend
         self.sampler = sampler
         self.checkpoints = checkpoints
         self.sessions = sessions
         self.futures = futures
+        self.limits = limits or Limits()
         self.worker = TrainWorker(backend, futures)
         self.models: dict[str, ModelInfo] = {}
         self.sampling: dict[str, SamplingSession] = {}
@@ -87,52 +109,120 @@ class TinkerService:
                                       "max_context_length": self.backend.max_context,
                                       "trainable": True, "sampleable": True}]}
 
-    def _session(self, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
-        if session is None:
-            raise RequestError(404, f"unknown or expired session {session_id!r} (sessions end when heartbeats stop)")
-        return session
-
-    def _model(self, model_id: str) -> ModelInfo:
-        info = self.models.get(model_id)
-        if info is None:
-            raise RequestError(404, f"unknown model id {model_id!r}; create it with create_model or load_weights")
-        return info
-
     def _check_base(self, base_model: str | None) -> None:
         if base_model not in (None, self.backend.base_model_name, self.backend.tokenizer_source):
             raise RequestError(400, f"base model {base_model!r} is not served here; this server serves "
                                     f"{self.backend.base_model_name!r} (skyrl-tinker serve --base-model)")
 
-    def _queue(self, kind: str, model_id: str | None, session_id: str | None,
-               run: Callable[[Backend], Result]) -> Future:
-        future = self.futures.create(kind, session_id)
-        self.worker.submit(Job(future, model_id, run=run))
+    # --- what a tenant owns, and how much ----------------------------------------------------------
+
+    def _session(self, tenant: str, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None or session.tenant != tenant:
+            raise RequestError(404, f"unknown or expired session {session_id!r} (sessions end when heartbeats stop)")
+        return session
+
+    def _model(self, tenant: str, model_id: str) -> ModelInfo:
+        info = self.models.get(model_id)
+        if info is None or info.tenant != tenant:
+            raise RequestError(404, f"unknown model id {model_id!r}; create it with create_model or load_weights")
+        return info
+
+    def _sampling(self, tenant: str, sampling_id: str) -> SamplingSession:
+        sampling = self.sampling.get(sampling_id)
+        if sampling is None or sampling.tenant != tenant:
+            raise RequestError(404, f"unknown sampling session {sampling_id!r}")
+        return sampling
+
+    def future(self, tenant: str, request_id: str) -> Future:
+        future = self.futures.get(request_id)
+        if future is None or future.tenant != tenant:
+            raise RequestError(404, f"unknown request id {request_id!r} (never issued, or its session was reaped)")
         return future
+
+    def _run_info(self, run_id: str) -> dict[str, Any]:
+        try:
+            return self.checkpoints.read_run(run_id)
+        except CheckpointError as exc:
+            raise RequestError(404, str(exc)) from None
+
+    def _own_run(self, tenant: str, run_id: str) -> dict[str, Any]:
+        run = self._run_info(run_id)
+        if run["owner"] != tenant:
+            raise RequestError(404, f"unknown training run {run_id!r}")
+        return run
+
+    def _readable(self, tenant: str, path: TinkerPath) -> dict[str, Any]:
+        """The run of a checkpoint ``tenant`` may load: its own, or one its owner published."""
+        run = self._run_info(path.run_id)
+        if run["owner"] != tenant and not self.checkpoints.is_public(path):
+            raise RequestError(404, f"unknown training run {path.run_id!r}")
+        return run
+
+    def _new_future(self, tenant: str, kind: str, session_id: str | None, target: tuple[str, int] | None = None
+                    ) -> Future:
+        _check_limit(tenant, self.futures.pending(tenant), self.limits.queued, "requests queued or running",
+                     "--max-queued-requests", "wait for results before sending more", _RETRY_SOON)
+        return self.futures.create(kind, tenant, session_id, target)
+
+    def _queue(self, info: ModelInfo, kind: str, run: Callable[[Backend], Result]) -> Future:
+        future = self._new_future(info.tenant, kind, info.session_id)
+        self.worker.submit(Job(future, info.model_id, run=run))
+        return future
+
+    # --- sessions --------------------------------------------------------------------------------
+
+    def create_session(self, tenant: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        _check_limit(tenant, self.sessions.count(tenant), self.limits.sessions, "open sessions", "--max-sessions",
+                     "close the ServiceClients you are done with (close()); silent ones are reaped after "
+                     "--session-timeout", _DO_NOT_RETRY)
+        session = self.sessions.create(tenant, Fields(body).text("sdk_version", ""))
+        return {"type": "create_session", "session_id": session.session_id}
+
+    def heartbeat(self, tenant: str, body: Mapping[str, Any]) -> None:
+        """410 for an unknown, finished, expired or foreign session alike (the client then stops its
+        heartbeats)."""
+        session_id = Fields(body).text("session_id")
+        session = self.sessions.get(session_id)
+        if session is None or session.tenant != tenant or not self.sessions.touch(session_id):
+            raise RequestError(410, f"session {session_id!r} is unknown, finished or expired")
+
+    def finish_session(self, tenant: str, session_id: str) -> None:
+        self._session(tenant, session_id)
+        session = self.sessions.finish(session_id)
+        if session is not None:
+            self.drop_session(session)
 
     # --- models ----------------------------------------------------------------------------------
 
-    def create_model(self, body: Mapping[str, Any]) -> tuple[Future, str]:
-        session = self._session(body["session_id"])
-        self._check_base(body.get("base_model"))
-        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+    def create_model(self, tenant: str, body: Mapping[str, Any]) -> tuple[Future, str]:
+        fields = Fields(body)
+        session = self._session(tenant, fields.text("session_id"))
+        self._check_base(fields.text("base_model", None))
+        optimizer = fields.obj("optimizer_config").text("type", "adamw")
         if optimizer != "adamw":
             raise RequestError(400, f"optimizer {optimizer!r} is not supported; skyrl-tinker implements adamw only")
-        lora = body.get("lora_config")
+        lora = fields.obj("lora_config")
         if not lora:
             raise RequestError(400, "full fine-tuning (no lora_config) is not supported; skyrl-tinker trains LoRA adapters")
-        spec = AdapterSpec(rank=int(lora.get("rank", 0)), seed=lora.get("seed"),
-                           train_attn=bool(lora.get("train_attn", True)), train_mlp=bool(lora.get("train_mlp", True)))
-        if spec.rank < 1:
-            raise RequestError(400, f"LoRA rank must be >= 1, got {spec.rank}")
-        model_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
-        return self._register(session, model_id, spec, None), model_id
+        rank = lora.integer("rank", 0)
+        if not 1 <= rank <= MAX_LORA_RANK:
+            raise RequestError(400, f"LoRA rank must be between 1 and {MAX_LORA_RANK}, got {rank} "
+                                    "(full fine-tuning, rank 0, is not supported)")
+        spec = AdapterSpec(rank=rank, seed=lora.integer("seed", None), train_attn=lora.flag("train_attn", True),
+                           train_mlp=lora.flag("train_mlp", True))
+        model_id = new_run_id()
+        return self._register(tenant, session, model_id, model_id, spec, None), model_id
 
-    def _register(self, session: Session, model_id: str, spec: AdapterSpec, load: TinkerPath | None,
-                  optimizer: bool = False) -> Future:
+    def _register(self, tenant: str, session: Session, model_id: str, run_id: str, spec: AdapterSpec,
+                  load: TinkerPath | None, optimizer: bool = False) -> Future:
         if model_id in self.models:
-            raise RequestError(409 if load is None else 400, f"model {model_id!r} already exists")
-        self.models[model_id] = ModelInfo(model_id, session.session_id, spec)
+            raise RequestError(400, f"model {model_id!r} already exists")
+        _check_limit(tenant, sum(m.tenant == tenant for m in list(self.models.values())), self.limits.adapters,
+                     "models (LoRA adapters)", "--max-adapters",
+                     "unload the models you are done with, or close their ServiceClients", _DO_NOT_RETRY)
+        future = self._new_future(tenant, "create_model", session.session_id)
+        self.models[model_id] = ModelInfo(model_id, run_id, tenant, session.session_id, spec)
         session.models.add(model_id)
 
         def run(backend: Backend) -> dict[str, Any]:
@@ -141,7 +231,7 @@ class TinkerService:
                 if load is not None:
                     weights, _, opt = self.checkpoints.load(load, optimizer=optimizer)
                     backend.load_state(model_id, weights, opt)
-                self.checkpoints.write_run(model_id, self.backend.base_model_name, spec.to_dict())
+                self.checkpoints.write_run(run_id, tenant, self.backend.base_model_name, spec.to_dict())
             except Exception:
                 self.models.pop(model_id, None)
                 backend.drop(model_id)
@@ -150,69 +240,78 @@ class TinkerService:
                 return {"type": "load_weights", "path": str(load), "model_id": model_id}
             return {"type": "create_model", "model_id": model_id}
 
-        return self._queue("create_model", model_id, session.session_id, run)
+        self.worker.submit(Job(future, model_id, run=run))
+        return future
 
-    def get_info(self, model_id: str) -> dict[str, Any]:
-        info = self._model(model_id)
-        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": info.spec.rank,
+    def get_info(self, tenant: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        info = self._model(tenant, Fields(body).text("model_id"))
+        return {"type": "get_info", "model_id": info.model_id, "is_lora": True, "lora_rank": info.spec.rank,
                 "model_name": self.backend.base_model_name,
                 "model_data": {"arch": self.backend.arch, "model_name": self.backend.base_model_name,
                                "tokenizer_id": self.backend.tokenizer_source}}
 
-    def unload_model(self, model_id: str) -> Future:
-        info = self._model(model_id)
-        self.models.pop(model_id)
+    def unload_model(self, tenant: str, body: Mapping[str, Any]) -> Future:
+        info = self._model(tenant, Fields(body).text("model_id"))
+        future = self._new_future(tenant, "unload_model", info.session_id)
+        self.models.pop(info.model_id)
 
         def run(backend: Backend) -> dict[str, Any]:
-            backend.drop(model_id)
-            return {"type": "unload_model", "model_id": model_id}
+            backend.drop(info.model_id)
+            return {"type": "unload_model", "model_id": info.model_id}
 
-        return self._queue("unload_model", model_id, info.session_id, run)
+        self.worker.submit(Job(future, info.model_id, run=run))
+        return future
 
     # --- training --------------------------------------------------------------------------------
 
-    def forward_backward(self, request: ForwardBackwardIn) -> Future:
-        info = self._model(request.model_id)
+    def forward_backward(self, tenant: str, request: ForwardBackwardIn) -> Future:
+        info = self._model(tenant, request.model_id)
         try:
             self.backend.check_batch(request.data, request.loss_fn, request.loss_fn_config)
         except LossInputError as exc:
             raise RequestError(400, str(exc)) from None
-        future = self.futures.create("forward" if request.forward_only else "forward_backward", info.session_id)
-        self.worker.submit(Job(future, request.model_id, fb=request))
+        future = self._new_future(tenant, "forward" if request.forward_only else "forward_backward", info.session_id)
+        self.worker.submit(Job(future, info.model_id, fb=request))
         return future
 
-    def optim_step(self, body: Mapping[str, Any]) -> Future:
-        info = self._model(body["model_id"])
-        params = body.get("adam_params") or body.get("optim_params")
-        if params is None:
+    def optim_step(self, tenant: str, body: Mapping[str, Any]) -> Future:
+        info = self._model(tenant, Fields(body).text("model_id"))
+        raw = body.get("adam_params") or body.get("optim_params")
+        if raw is None:
             raise RequestError(400, "optim_step needs adam_params; other optimizers are not supported")
-        if not float(params.get("learning_rate", 1e-4)) >= 0:
-            raise RequestError(400, "learning_rate must be >= 0")
+        params = _adam_params(Fields(raw, "adam_params"))
 
         def run(backend: Backend) -> dict[str, Any]:
-            return {"metrics": backend.optim_step(info.model_id, params)}
+            metrics = backend.optim_step(info.model_id, params)
+            bad = [k for k, v in metrics.items() if not math.isfinite(v)]
+            if bad:  # the step was applied: say so, with the values as they are (JSON has no NaN: as text)
+                log.warning("optim_step of model %s was applied with non-finite %s", info.model_id, bad)
+            return {"metrics": {k: v if math.isfinite(v) else str(v) for k, v in metrics.items()}}
 
-        return self._queue("optim_step", info.model_id, info.session_id, run)
+        return self._queue(info, "optim_step", run)
 
     # --- checkpoints -----------------------------------------------------------------------------
 
-    def save_weights(self, body: Mapping[str, Any]) -> Future:
-        info = self._model(body["model_id"])
-        path = self._new_path(info.model_id, "weights", body.get("path"))
+    def save_weights(self, tenant: str, body: Mapping[str, Any]) -> Future:
+        fields = Fields(body)
+        info = self._model(tenant, fields.text("model_id"))
+        path = self._new_path(info.run_id, "weights", fields.text("path", None))
+        overwrite = fields.flag("overwrite")
 
         def run(backend: Backend) -> dict[str, Any]:
             self.checkpoints.save(path, backend.adapter_state(info.model_id), self._meta(info, body),
-                                  backend.optimizer_state(info.model_id), overwrite=bool(body.get("overwrite")))
+                                  backend.optimizer_state(info.model_id), overwrite=overwrite)
             return {"type": "save_weights", "path": str(path)}
 
-        return self._queue("save_weights", info.model_id, info.session_id, run)
+        return self._queue(info, "save_weights", run)
 
-    def save_weights_for_sampler(self, body: Mapping[str, Any]) -> Future:
-        info = self._model(body["model_id"])
-        name = body.get("path")
+    def save_weights_for_sampler(self, tenant: str, body: Mapping[str, Any]) -> Future:
+        fields = Fields(body)
+        info = self._model(tenant, fields.text("model_id"))
+        name = fields.text("path", None)
         if name is None and body.get("sampling_session_seq_id") is None:
             raise RequestError(400, "save_weights_for_sampler needs a path or a sampling_session_seq_id")
-        path = self._new_path(info.model_id, "sampler_weights", name) if name is not None else None
+        path = self._new_path(info.run_id, "sampler_weights", name) if name is not None else None
 
         def run(backend: Backend) -> dict[str, Any]:
             state = backend.adapter_state(info.model_id)
@@ -220,37 +319,34 @@ class TinkerService:
                 self.checkpoints.save(path, state, self._meta(info, body), overwrite=True)
                 return {"type": "save_weights_for_sampler", "path": str(path)}
             info.sampler_seq += 1
-            key = f"{info.model_id}:ephemeral:{info.sampler_seq}"
-            sampling_id = f"{info.session_id}:sample:{body['sampling_session_seq_id']}"
-            weights = SamplerWeights(key, state, info.spec.rank)
-            self.sampling[sampling_id] = SamplingSession(sampling_id, info.session_id, weights, None)
-            session = self.sessions.get(info.session_id)
-            if session is not None:
-                session.samplers.add(sampling_id)
+            weights = SamplerWeights(f"{info.model_id}:ephemeral:{info.sampler_seq}", state, info.spec.rank)
+            sampling_id = self._add_sampling(info.tenant, info.session_id, weights, None)
             return {"type": "save_weights_for_sampler", "sampling_session_id": sampling_id}
 
-        return self._queue("save_weights_for_sampler", info.model_id, info.session_id, run)
+        return self._queue(info, "save_weights_for_sampler", run)
 
-    def load_weights(self, body: Mapping[str, Any]) -> Future:
-        path = self._path(body.get("path"))
+    def load_weights(self, tenant: str, body: Mapping[str, Any]) -> Future:
+        fields = Fields(body)
+        path = self._path(fields.text("path"))
+        optimizer = fields.flag("optimizer")
         if body.get("session_id") is not None:  # create-via-load: the load is the model's first request
-            session = self._session(body["session_id"])
-            run_info = self._run_info(path.run_id)
-            self._check_base(body.get("base_model"))
+            session = self._session(tenant, fields.text("session_id"))
+            run_info = self._readable(tenant, path)
+            self._check_base(fields.text("base_model", None))
             spec = AdapterSpec(**run_info["lora"])
-            model_id = f"{session.session_id}:train:{int(body.get('model_seq_id') or 0)}"
-            return self._register(session, model_id, spec, path, optimizer=bool(body.get("optimizer")))
-        info = self._model(body.get("model_id") or "")
-        if self._run_info(path.run_id)["lora"] != info.spec.to_dict():
+            # the client derives this model id itself; the model's checkpoints go to a fresh run
+            model_id = f"{session.session_id}:train:{fields.integer('model_seq_id', 0, lo=0)}"
+            return self._register(tenant, session, model_id, new_run_id(), spec, path, optimizer)
+        info = self._model(tenant, fields.text("model_id"))
+        if self._readable(tenant, path)["lora"] != info.spec.to_dict():
             raise RequestError(400, f"checkpoint {path} has a different LoRA config than model {info.model_id!r}")
-        optimizer = bool(body.get("optimizer"))
 
         def run(backend: Backend) -> dict[str, Any]:
             weights, _, opt = self.checkpoints.load(path, optimizer=optimizer)
             backend.load_state(info.model_id, weights, opt)
             return {"type": "load_weights", "path": str(path), "model_id": info.model_id}
 
-        return self._queue("load_weights", info.model_id, info.session_id, run)
+        return self._queue(info, "load_weights", run)
 
     def _meta(self, info: ModelInfo, body: Mapping[str, Any]) -> dict[str, Any]:
         return {"model_id": info.model_id, "base_model": self.backend.base_model_name, "lora": info.spec.to_dict(),
@@ -260,140 +356,151 @@ class TinkerService:
         if not name:
             raise RequestError(400, "a checkpoint name (path) is required")
         try:
-            return TinkerPath.parse(f"tinker://{run_id}/{kind}/{name}")
+            return TinkerPath(run_id, kind, name)
         except CheckpointError:
             raise RequestError(400, f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-'") from None
 
-    def _path(self, path: str | None) -> TinkerPath:
+    def _path(self, path: str) -> TinkerPath:
         try:
-            return TinkerPath.parse(path or "")
+            return TinkerPath.parse(path)
         except CheckpointError as exc:
             raise RequestError(400, str(exc)) from None
 
-    def _run_info(self, run_id: str) -> dict[str, Any]:
-        try:
-            return self.checkpoints.read_run(run_id)
-        except CheckpointError as exc:
-            raise RequestError(404, str(exc)) from None
-
-    def list_checkpoints(self, run_id: str) -> dict[str, Any]:
-        self._run_info(run_id)
+    def list_checkpoints(self, tenant: str, run_id: str) -> dict[str, Any]:
+        self._own_run(tenant, run_id)
         return {"checkpoints": self.checkpoints.list(run_id), "cursor": None}
 
-    def training_run(self, run_id: str) -> dict[str, Any]:
-        run = self._run_info(run_id)
+    def training_run(self, tenant: str, run_id: str) -> dict[str, Any]:
+        return self._training_run(run_id, self._own_run(tenant, run_id))
+
+    def _training_run(self, run_id: str, run: Mapping[str, Any]) -> dict[str, Any]:
         checkpoints = self.checkpoints.list(run_id)
         last = {ctype: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == ctype), None)
                 for ctype in ("training", "sampler")}
-        return {"training_run_id": run_id, "base_model": run["base_model"], "model_owner": "local",
+        return {"training_run_id": run_id, "base_model": run["base_model"], "model_owner": run["owner"],
                 "is_lora": True, "lora_rank": run["lora"]["rank"], "corrupted": False,
                 "last_request_time": datetime.fromtimestamp(run["created"], UTC).isoformat(),
                 "last_checkpoint": last["training"], "last_sampler_checkpoint": last["sampler"],
                 "user_metadata": None}
 
-    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
-        runs = self.checkpoints.runs()
-        page = [self.training_run(r) for r in runs[offset:offset + limit]]
-        return {"training_runs": page, "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}}
+    def training_runs(self, tenant: str, limit: int, offset: int) -> dict[str, Any]:
+        """The tenant's own runs only."""
+        mine = self.checkpoints.runs(tenant)
+        page = [self._training_run(run_id, run) for run_id, run in mine[offset:offset + limit]]
+        return {"training_runs": page, "cursor": {"offset": offset, "limit": limit, "total_count": len(mine)}}
 
-    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
+    def _own_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> TinkerPath:
         path = self._path(f"tinker://{run_id}/{checkpoint_id}")
+        self._own_run(tenant, path.run_id)
+        return path
+
+    def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
+        path = self._own_checkpoint(tenant, run_id, checkpoint_id)
         try:
             self.checkpoints.delete(path)
         except CheckpointError as exc:
             raise RequestError(404, str(exc)) from None
 
-    def weights_info(self, tinker_path: str) -> dict[str, Any]:
-        path = self._path(tinker_path)
-        run = self._run_info(path.run_id)
+    def publish_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str, public: bool) -> None:
+        """Publish (every tenant may then load and sample it, by its path) or unpublish one of the
+        tenant's checkpoints. Idempotent (the client retries a 409 for minutes)."""
+        path = self._own_checkpoint(tenant, run_id, checkpoint_id)
+        try:
+            self.checkpoints.set_public(path, public)
+        except CheckpointError as exc:
+            raise RequestError(404, str(exc)) from None
+
+    def weights_info(self, tenant: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        run = self._readable(tenant, self._path(Fields(body).text("tinker_path")))
         return {"base_model": run["base_model"], "is_lora": True, "lora_rank": run["lora"]["rank"],
                 "train_attn": run["lora"]["train_attn"], "train_mlp": run["lora"]["train_mlp"],
                 "train_unembed": False}
 
     # --- sampling --------------------------------------------------------------------------------
 
-    def create_sampling_session(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._session(body["session_id"])
-        model_path = body.get("model_path")
+    def create_sampling_session(self, tenant: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        fields = Fields(body)
+        session = self._session(tenant, fields.text("session_id"))
+        model_path = fields.text("model_path", None)
         if model_path:
-            weights = self._checkpoint_weights(model_path)
+            weights = self._checkpoint_weights(tenant, model_path)
         else:
-            self._check_base(body.get("base_model"))
+            self._check_base(fields.text("base_model", None))
             weights = self.base_weights
-        sampling_id = f"{session.session_id}:sample:{int(body['sampling_session_seq_id'])}"
-        self.sampling[sampling_id] = SamplingSession(sampling_id, session.session_id, weights, model_path)
-        session.samplers.add(sampling_id)
+        sampling_id = self._add_sampling(tenant, session.session_id, weights, model_path)
         return {"type": "create_sampling_session", "sampling_session_id": sampling_id}
 
-    def _checkpoint_weights(self, model_path: str) -> SamplerWeights:
+    def _add_sampling(self, tenant: str, session_id: str, weights: SamplerWeights, model_path: str | None) -> str:
+        sampling_id = f"smp-{secrets.token_hex(16)}"
+        self.sampling[sampling_id] = SamplingSession(sampling_id, tenant, session_id, weights, model_path)
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.samplers.add(sampling_id)
+        return sampling_id
+
+    def _checkpoint_weights(self, tenant: str, model_path: str) -> SamplerWeights:
         path = self._path(model_path)
+        self._readable(tenant, path)
         try:
             state, meta, _ = self.checkpoints.load(path)
         except CheckpointError as exc:
             raise RequestError(404, str(exc)) from None
-        return SamplerWeights(str(path), state, int(meta["lora"]["rank"]))
+        # keyed by the save too: a checkpoint saved over must not pass for the one the engine holds
+        return SamplerWeights(f"{path}@{meta.get('time')}", state, int(meta["lora"]["rank"]))
 
-    def sampler_info(self, sampling_id: str) -> dict[str, Any]:
-        sampling = self._sampling(sampling_id)
+    def sampler_info(self, tenant: str, sampling_id: str) -> dict[str, Any]:
+        sampling = self._sampling(tenant, sampling_id)
         return {"sampler_id": sampling_id, "base_model": self.backend.base_model_name,
                 "model_path": sampling.model_path}
 
-    async def retrieve_futures(self, body: Mapping[str, Any], max_wait: float) -> dict[str, Any]:
+    async def retrieve_futures(self, tenant: str, body: Mapping[str, Any], max_wait: float) -> dict[str, Any]:
         """Completions of one sampling session since the client's cursor (see ``futures.CompletionLog``)."""
-        target = body.get("target") or {}
-        if target.get("type", "sampling_session") != "sampling_session":
-            raise RequestError(400, f"retrieve_futures polls sampling sessions only, not {target.get('type')!r}")
-        self._sampling(target.get("sampling_session_id"))
-        timeout = body.get("timeout")
-        wait = max_wait if timeout is None else max(0.0, min(float(timeout), max_wait))
-        found, cursor = await self.futures.completions(
-            (target["sampling_session_id"], int(target.get("cloned_sampler_id") or 0)),
-            int(body.get("prev_cursor") or 0), wait, [str(i) for i in body.get("retrieved_request_ids") or []])
+        fields = Fields(body)
+        target = fields.obj("target")
+        kind = target.text("type", "sampling_session")
+        if kind != "sampling_session":
+            raise RequestError(400, f"retrieve_futures polls sampling sessions only, not {kind!r}")
+        sampling_id = target.text("sampling_session_id")
+        key = (sampling_id, target.integer("cloned_sampler_id", 0))
+        wait = min(fields.number("timeout", max_wait, lo=0.0), max_wait)
+        cursor = fields.integer("prev_cursor", 0)
+        retrieved = [str(i) for i in fields.items("retrieved_request_ids")]
+        self._sampling(tenant, sampling_id)
+        found, cursor = await self.futures.completions(key, cursor, wait, retrieved)
         return {"completions": [_completion(f) for f in found], "cursor": cursor}
 
-    def _sampling(self, sampling_id: str | None) -> SamplingSession:
-        sampling = self.sampling.get(sampling_id or "")
-        if sampling is None:
-            raise RequestError(404, f"unknown sampling session {sampling_id!r}")
-        return sampling
-
-    def asample(self, body: Mapping[str, Any]) -> tuple[Future, list[str]]:
+    def asample(self, tenant: str, body: Mapping[str, Any]) -> tuple[Future, list[str]]:
+        fields = Fields(body)
         target = None
         if body.get("sampling_session_id") is not None:
-            sampling = self._sampling(body["sampling_session_id"])
+            sampling_id = fields.text("sampling_session_id")
+            sampling = self._sampling(tenant, sampling_id)
             weights, session_id = sampling.weights, sampling.session_id
             # the client numbers a cloned SamplingClient's requests from clone * 1e9
-            target = (body["sampling_session_id"], int(body.get("seq_id") or 0) // 1_000_000_000)
+            target = (sampling_id, fields.integer("seq_id", 0, lo=0) // 1_000_000_000)
         elif body.get("model_path"):  # a one-off sample from a checkpoint, no sampling session
-            weights, session_id = self._checkpoint_weights(body["model_path"]), None
+            weights, session_id = self._checkpoint_weights(tenant, fields.text("model_path")), None
         else:
-            self._check_base(body.get("base_model") or self.backend.base_model_name)
+            self._check_base(fields.text("base_model", None) or None)
             weights, session_id = self.base_weights, None
         for key, feature in UNSUPPORTED_SAMPLE_FIELDS.items():
             if body.get(key):
                 raise RequestError(400, f"{feature} ({key}) are not supported by skyrl-tinker")
-        prompt = _prompt_tokens(body.get("prompt") or {})
+        prompt = _prompt_tokens(fields.obj("prompt"))
         vocab = self.backend.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if not prompt or bad:
             raise RequestError(400, "prompt is empty" if not prompt else
                                f"prompt has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
-        n = int(body.get("num_samples", 1))
-        if not 1 <= n <= MAX_NUM_SAMPLES:
-            raise RequestError(400, f"num_samples must be between 1 and {MAX_NUM_SAMPLES}, got {n}")
-        params = _sampling_params(body.get("sampling_params") or {}, len(prompt), self.backend.max_context)
-        last_n = body.get("prompt_logprobs_last_n")
-        if last_n is not None and not 1 <= int(last_n) <= len(prompt) - 1:
-            raise RequestError(400, f"prompt_logprobs_last_n must be between 1 and {len(prompt) - 1}")
-        topk = int(body.get("topk_prompt_logprobs") or 0)
-        if not 0 <= topk <= MAX_TOPK:
-            raise RequestError(400, f"topk_prompt_logprobs must be between 0 and {MAX_TOPK}, got {topk}")
-        future = self.futures.create("sample", session_id, target)
-        self.sampler.submit(SampleJob(future, weights, prompt, n, params, bool(body.get("prompt_logprobs")),
-                                      None if last_n is None else int(last_n), topk))
+        n = fields.integer("num_samples", 1, lo=1, hi=MAX_NUM_SAMPLES)
+        params = _sampling_params(fields.obj("sampling_params"), n, len(prompt), self.backend.max_context)
+        last_n = fields.integer("prompt_logprobs_last_n", None, lo=1, hi=len(prompt) - 1)
+        topk = fields.integer("topk_prompt_logprobs", 0, lo=0, hi=MAX_TOPK)
+        future = self._new_future(tenant, "sample", session_id, target)
+        self.sampler.submit(SampleJob(future, weights, prompt, n, params, fields.flag("prompt_logprobs"), last_n, topk))
         return future, [f"{future.request_id}:{i}" for i in range(n)]
 
-    # --- sessions --------------------------------------------------------------------------------
+    # --- session ends ------------------------------------------------------------------------------
 
     def drop_session(self, session: Session) -> None:
         """Free what a finished or reaped session held (checkpoints on disk stay)."""
@@ -407,14 +514,12 @@ class TinkerService:
             if future.kind == "sample":  # nobody will fetch it: stop decoding it
                 self._stop_sample(future, "its session was reaped")
 
-    def cancel_future(self, body: Mapping[str, Any]) -> None:
+    def cancel_future(self, tenant: str, body: Mapping[str, Any]) -> None:
         """The client abandoned a sampling request: its future fails (``cancelled``) and its decoding stops."""
-        request_id = str(body["request_id"])
-        future = self.futures.get(request_id)
-        if future is None:
-            raise RequestError(404, f"unknown request id {request_id!r} (never issued, or its session was reaped)")
+        future = self.future(tenant, Fields(body).text("request_id"))
         if future.kind != "sample":
-            raise RequestError(400, f"only sampling requests can be cancelled; {request_id!r} is a {future.kind} request")
+            raise RequestError(400, f"only sampling requests can be cancelled; {future.request_id!r} is a "
+                                    f"{future.kind} request")
         self._stop_sample(future, "cancelled by the client")
 
     def _stop_sample(self, future: Future, reason: str) -> None:
@@ -433,32 +538,60 @@ class TinkerService:
         return len(gone)
 
 
-def _prompt_tokens(prompt: Mapping[str, Any]) -> list[int]:
+def _check_limit(tenant: str, used: int, limit: int, what: str, option: str, hint: str,
+                 headers: Mapping[str, str]) -> None:
+    if used >= limit:
+        raise RequestError(429, f"tenant {tenant!r} already has {used} {what}, the most one tenant may have "
+                                f"({option} {limit}); {hint}", headers)
+
+
+def _adam_params(raw: Fields) -> dict[str, float]:
+    """Tinker's AdamParams, every one a finite number >= 0 (``ADAM_DEFAULTS`` for those not sent)."""
+    kind = raw.text("type", "adam")
+    if kind not in ("adam", "adamw"):
+        raise RequestError(400, f"optimizer {kind!r} is not supported; skyrl-tinker implements adamw only")
+    params = {key: raw.number(key, default, lo=0.0, nullable=False) for key, default in ADAM_DEFAULTS.items()}
+    for key in ("beta1", "beta2"):
+        if params[key] >= 1:
+            raise FieldError(f"adam_params.{key} must be below 1, got {params[key]}")
+    return params
+
+
+def _prompt_tokens(prompt: Fields) -> list[int]:
     tokens: list[int] = []
-    for chunk in prompt.get("chunks", []):
-        if chunk.get("type", "encoded_text") != "encoded_text":
-            raise RequestError(400, f"prompt chunk type {chunk.get('type')!r} is not supported (token chunks only)")
-        tokens += [int(t) for t in chunk.get("tokens", [])]
+    for i, raw in enumerate(prompt.items("chunks")):
+        chunk = Fields(raw, f"prompt.chunks[{i}]")
+        kind = chunk.text("type", "encoded_text")
+        if kind != "encoded_text":
+            raise RequestError(400, f"prompt chunk type {kind!r} is not supported (token chunks only)")
+        tokens += integers(chunk.items("tokens"), f"prompt.chunks[{i}].tokens")
     return tokens
 
 
-def _sampling_params(raw: Mapping[str, Any], prompt_len: int, max_context: int | None) -> SamplingParams:
-    stop = raw.get("stop")
+def _sampling_params(raw: Fields, num_samples: int, prompt_len: int, max_context: int | None) -> SamplingParams:
+    stop = raw.data.get("stop")
     strings: list[str] = []
     ids: list[int] = []
     if isinstance(stop, str):
         strings = [stop]
-    elif stop:
+    elif isinstance(stop, list):
         strings = [s for s in stop if isinstance(s, str)]
-        ids = [int(s) for s in stop if not isinstance(s, str)]
-    max_tokens = raw.get("max_tokens") or DEFAULT_MAX_TOKENS
+        ids = integers([s for s in stop if not isinstance(s, str)], "sampling_params.stop")
+    elif stop is not None:
+        raise FieldError("sampling_params.stop must be a string or a list of strings or token ids")
     if max_context is not None and prompt_len >= max_context:
         raise RequestError(400, f"prompt has {prompt_len} tokens, the model's context is {max_context}")
+    seed = raw.integer("seed", None)
+    if seed is not None and seed + num_samples - 1 > INT64_MAX:
+        raise FieldError(f"sampling_params.seed + num_samples - 1 must fit an int64 (sample i uses seed + i), "
+                         f"got seed {seed}")
     try:
-        return SamplingParams(max_tokens=int(max_tokens), temperature=float(raw.get("temperature", 1.0)),
-                              top_p=float(raw.get("top_p", 1.0)), top_k=int(raw.get("top_k", -1)),
-                              stop=strings, stop_token_ids=ids, seed=raw.get("seed"),
+        return SamplingParams(max_tokens=raw.integer("max_tokens", DEFAULT_MAX_TOKENS, lo=1),
+                              temperature=raw.number("temperature", 1.0), top_p=raw.number("top_p", 1.0),
+                              top_k=raw.integer("top_k", -1), stop=strings, stop_token_ids=ids, seed=seed,
                               ignore_eos=isinstance(stop, list) and not stop)  # Tinker: [] disables EOS too
+    except FieldError:
+        raise
     except ValueError as exc:
         raise RequestError(400, f"bad sampling_params: {exc}") from None
 

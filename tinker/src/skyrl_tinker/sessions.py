@@ -1,20 +1,22 @@
 """Client sessions: created by every ``ServiceClient``, kept alive by its heartbeat (every 10 s).
 
 A session whose heartbeat stops for ``timeout`` seconds is reaped: its training models (adapters and
-optimizer state), sampling sessions and futures are dropped. Checkpoints on disk stay.
+optimizer state), sampling sessions and futures are dropped. Checkpoints on disk stay. A session
+belongs to the tenant that created it (the service checks that before using one).
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
 
 @dataclass
 class Session:
     session_id: str
+    tenant: str
     sdk_version: str
     last_seen: float = field(default_factory=time.monotonic)
     models: set[str] = field(default_factory=set)
@@ -28,11 +30,15 @@ class SessionRegistry:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def create(self, sdk_version: str) -> Session:
-        session = Session(f"s-{uuid.uuid4().hex[:16]}", sdk_version)
+    def create(self, tenant: str, sdk_version: str) -> Session:
+        session = Session(f"s-{secrets.token_hex(16)}", tenant, sdk_version)
         with self._lock:
             self._sessions[session.session_id] = session
         return session
+
+    def count(self, tenant: str) -> int:
+        with self._lock:
+            return sum(s.tenant == tenant for s in self._sessions.values())
 
     def get(self, session_id: str) -> Session | None:
         with self._lock:

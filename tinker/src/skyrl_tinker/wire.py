@@ -27,12 +27,20 @@ DTYPE_FLOAT32, DTYPE_INT64, DTYPE_INT32 = 1, 2, 3
 _NUMPY_OF_DTYPE = {DTYPE_FLOAT32: np.float32, DTYPE_INT64: np.int64, DTYPE_INT32: np.int32}
 STOP_REASON = {"stop": 0, "length": 1}
 MASK_LOGPROB = -99999.0  # an empty top-k cell (with token id 0), as the client reads it
-# A compressed body may not expand past this (a zip bomb is a bad request, not an out-of-memory crash).
-MAX_DECOMPRESSED_BYTES = 512 * 1024 * 1024
+DECOMPRESS_CHUNK = 1 << 20  # zstd output is read this much at a time and counted as it comes
+MAX_SPARSE_ELEMENTS = 1 << 24  # a sparse tensor may not expand past this many entries
 
 
 class WireError(ValueError):
-    """A body that cannot be decoded; the message says what was wrong."""
+    """A body that cannot be decoded (400); the message says what was wrong."""
+
+    status = 400
+
+
+class BodyTooLargeError(WireError):
+    """A compressed body that expands past the server's limit (413)."""
+
+    status = 413
 
 
 # --- schema --------------------------------------------------------------------------------------
@@ -128,20 +136,26 @@ class ForwardBackwardIn:
     forward_only: bool
 
 
-def decompress(body: bytes, encoding: str | None) -> bytes:
-    """``body`` as sent, or zstd-decompressed when ``Content-Encoding`` says so."""
+def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """``body`` as sent, or zstd-decompressed when ``Content-Encoding`` says so. Decompression stops
+    with :class:`BodyTooLargeError` as soon as the output passes ``max_bytes`` (a zstd bomb holds at
+    most ``max_bytes`` plus one chunk in memory)."""
     if not encoding or encoding.lower() == "identity":
         return body
     if encoding.lower() != "zstd":
         raise WireError(f"unsupported Content-Encoding {encoding!r}; this server accepts zstd or none")
+    chunks, size = [], 0
     try:
         with zstandard.ZstdDecompressor().stream_reader(body) as reader:
-            out = reader.read(MAX_DECOMPRESSED_BYTES + 1)
+            while chunk := reader.read(DECOMPRESS_CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise BodyTooLargeError(f"the zstd body decompresses to more than {max_bytes} bytes, the "
+                                            "server's limit (4 x --max-body-mb)")
+                chunks.append(chunk)
     except zstandard.ZstdError as exc:
         raise WireError(f"body is not valid zstd: {exc}") from exc
-    if len(out) > MAX_DECOMPRESSED_BYTES:
-        raise WireError(f"decompressed body is larger than {MAX_DECOMPRESSED_BYTES} bytes")
-    return out
+    return b"".join(chunks)
 
 
 def parse_forward_backward(body: bytes) -> ForwardBackwardIn:
@@ -181,34 +195,48 @@ def _tensor(msg: Any, where: str) -> np.ndarray:
             cols = np.frombuffer(csr.col_indices, dtype=np.int64)
             if len(shape) != 2 or len(crow) != shape[0] + 1 or len(cols) != len(values):
                 raise WireError(f"{where}: malformed sparse CSR tensor")
-            dense = np.zeros(shape, dtype=np_dtype)
+            dense = np.zeros(_sparse_shape(shape, where), dtype=np_dtype)
             for row in range(shape[0]):
                 lo, hi = int(crow[row]), int(crow[row + 1])
                 dense[row, cols[lo:hi]] = values[lo:hi]
             return dense
         flat = np.frombuffer(msg.dense, dtype=np_dtype)
         return (flat.reshape(shape) if shape else flat).copy()  # frombuffer arrays are read-only
+    except WireError:
+        raise
     except (ValueError, IndexError) as exc:
         raise WireError(f"{where}: data does not match shape {shape}: {exc}") from exc
 
 
-def tensor_from_json(value: Mapping[str, Any], where: str) -> np.ndarray:
+def _sparse_shape(shape: list[int], where: str) -> list[int]:
+    if any(n < 0 for n in shape) or int(np.prod(shape, dtype=object)) > MAX_SPARSE_ELEMENTS:
+        raise WireError(f"{where}: sparse tensor shape {shape} is negative or has more than "
+                        f"{MAX_SPARSE_ELEMENTS} entries")
+    return shape
+
+
+def tensor_from_json(value: Any, where: str) -> np.ndarray:
     """A ``TensorData`` JSON object (``data``, ``dtype``, ``shape``, optional CSR indices) as numpy."""
+    if not isinstance(value, Mapping):
+        raise WireError(f"{where}: must be a TensorData object (data, dtype, shape)")
     np_dtype = {"float32": np.float32, "int64": np.int64}.get(value.get("dtype"))
     if np_dtype is None:
         raise WireError(f"{where}: dtype must be float32 or int64, got {value.get('dtype')!r}")
-    data = np.asarray(value.get("data", []), dtype=np_dtype)
-    shape = value.get("shape") or [len(data)]
     try:
+        data = np.asarray(value.get("data", []), dtype=np_dtype)
+        shape = value.get("shape") or [len(data)]
         if value.get("sparse_crow_indices") is not None:
             crow, cols = value["sparse_crow_indices"], value.get("sparse_col_indices") or []
-            dense = np.zeros(shape, dtype=np_dtype)
+            dense = np.zeros(_sparse_shape(shape, where), dtype=np_dtype)
             for row in range(shape[0]):
                 dense[row, cols[crow[row]:crow[row + 1]]] = data[crow[row]:crow[row + 1]]
             return dense
         return data.reshape(shape)
-    except (ValueError, IndexError, TypeError) as exc:
-        raise WireError(f"{where}: data does not match shape {shape}: {exc}") from exc
+    except WireError:
+        raise
+    except (ValueError, IndexError, TypeError, OverflowError) as exc:
+        raise WireError(f"{where}: data does not fit dtype {value.get('dtype')} and shape "
+                        f"{value.get('shape')}: {exc}") from exc
 
 
 # --- encoded results -----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ in their order. The leading ``forward_backward`` requests of all models that use
 one batch: one model's consecutive requests are concatenated, and rows of different models go
 through their own adapters in the same forward/backward (see ``Backend.forward_backward_many``;
 losses are sums, so no gradient mixes). Then each model's next other request (``optim_step``, a
-save...) runs, and so on until the queue is empty.
+save...) runs, and so on until the queue is empty. A shared batch that fails is run again one model
+at a time (a failed call leaves the backend as it was), so one model's rows can fail only that
+model's requests.
 """
 
 from __future__ import annotations
@@ -133,7 +135,13 @@ class TrainWorker:
         try:
             results = self.backend.forward_backward_many(requests, first.loss_fn, first.loss_fn_config,
                                                          forward_only=first.forward_only)
-        except Exception as exc:  # requests are validated before queueing, so this is rare; fail them all
+        except Exception as exc:  # requests are validated before queueing, so this is rare
+            if len(entries) > 1:
+                log.warning("a forward_backward batch of %d models failed (%s: %s); running each model alone",
+                            len(entries), type(exc).__name__, exc)
+                for entry in entries:
+                    self._run_forward_backward([entry])
+                return
             for job in jobs:
                 self.futures.run(job.future, lambda exc=exc: _raise(exc))
             return
