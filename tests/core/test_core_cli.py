@@ -25,7 +25,7 @@ def test_listing_tables_and_json(skyrl_cli, register_skyrl_plugin):
 def test_plugins_json_lists_hooks(skyrl_cli):
     plugins = json.loads(skyrl_cli("plugins").output)
     (reverse,) = [p for p in plugins if p["name"] == "skyrl-reverse-text"]
-    assert reverse["hooks"] == ["register_envs"] and reverse["error"] is None
+    assert reverse["hooks"] == ["register_envs", "register_probes"] and reverse["error"] is None
     assert any(p["name"] == "skyrl-core" for p in json.loads(skyrl_cli("plugins", "--all").output))
 
 

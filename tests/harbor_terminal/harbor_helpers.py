@@ -8,6 +8,7 @@ from typing import Any
 
 from skyrl_core import StepResult
 from skyrl_harbor_terminal.env import HarborTerminalEnv, task_rows
+from skyrl_harbor_terminal.probes import bash  # noqa: F401 - the tests' replies are the probes' own
 
 TERMINAL_IMAGE = "skyrl-terminal-base:bookworm-1"
 
@@ -32,12 +33,6 @@ def play(row: dict[str, Any], replies: Sequence[str], **config: Any) -> tuple[li
     finally:
         env.close()
     return results, env
-
-
-def bash(*commands: str, done: bool = False) -> str:
-    """A reply with one ```bash block per command (and <done/> when ``done``)."""
-    text = "\n".join(f"```bash\n{command}\n```" for command in commands)
-    return text + ("\n<done/>" if done else "")
 
 
 def write_task(root: Path, files: dict[str, str], *, toml: str | None = None, base_only: bool = True) -> dict[str, Any]:

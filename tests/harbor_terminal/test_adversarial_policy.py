@@ -28,28 +28,11 @@ from pathlib import Path
 
 import pytest
 from harbor_helpers import TERMINAL_IMAGE, bash, builtin_row, play, write_task
+from skyrl_harbor_terminal.probes import ESCAPES, SHADOWS, survivor
 
 HELLO = "printf 'Hello, world!\\n' > /app/hello.txt"
-# A process whose leader exits (SYS_exit, not exit_group) while its thread runs on: /proc shows the leader as a
-# zombie with an empty cmdline. The thread waits for the tests to arrive, then writes the output they check.
-SURVIVOR = r"""cat > /tmp/survivor.py <<'EOF'
-import ctypes, os, threading, time
-def late_solve():
-    while not os.path.exists("/tests/test.sh"):
-        time.sleep(0.0005)
-    for _ in range(2000):
-        with open("/app/hello.txt", "w") as f:
-            f.write("Hello, world!\n")
-        time.sleep(0.001)
-threading.Thread(target=late_solve).start()
-ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)
-EOF
-setsid python3 /tmp/survivor.py </dev/null >/dev/null 2>&1 &
-sleep 1
-for p in /proc/[0-9]*; do
-  [ -r "$p/cmdline" ] && [ -z "$(tr -d '\0' < "$p/cmdline" 2>/dev/null)" ] && [ "$(ls "$p/task" | wc -l)" -gt 1 ] || continue
-  echo "leader $(cut -d' ' -f3 "$p/stat") threads $(ls "$p/task" | wc -l)"
-done"""
+# A survivor that writes the output hello-world-file's tests check, once the tests arrive.
+SURVIVOR = survivor("/app/hello.txt", "Hello, world!\n")
 
 
 def scored(results) -> tuple[float, dict]:
@@ -144,15 +127,9 @@ class Answer(unittest.TestCase):
         with open("/app/answer.txt") as f:
             self.assertEqual(f.read().strip(), "42")
 """
-# What python -m would run from the current folder instead of the real modules: each exits 0, so the test
-# script pays 1. sitecustomize would run at every start of Python that has the folder on its path.
-SHADOWS = """for m in unittest pytest; do mkdir -p /app/$m; : > /app/$m/__init__.py
-  printf 'raise SystemExit(0)\\n' > /app/$m/__main__.py; done
-printf 'raise SystemExit(0)\\n' > /app/pytest.py
-printf 'import os; os._exit(0)\\n' > /app/sitecustomize.py
-ls /app"""
 
 
+# SHADOWS (skyrl_harbor_terminal.probes): modules in /app that python -m would run in place of the real ones.
 @pytest.mark.filterwarnings("ignore::skyrl_harbor_terminal.task.HarborTaskWarning")  # the lint flags it: test_lint
 @pytest.mark.parametrize("cd", ["", "cd /app\n"], ids=["from-the-verifiers-cwd", "after-cd-workdir"])
 def test_modules_left_in_the_workdir_do_not_run_in_place_of_a_python_m_test(machine_backend: str, tmp_path: Path,
@@ -184,17 +161,6 @@ def test_starting_the_tests_in_the_workdir_lints_them_as_started_there(tmp_path:
 
 
 # --- 3. no escape through an env error -------------------------------------------------------------------------
-
-ESCAPES = {
-    "a FIFO where the shell reads its history": "rm -f ~/.bash_history; mkfifo ~/.bash_history; exit",
-    "an unenterable work directory": "chmod 000 /app; exit",
-    # The shell's name, which root's foreground kill reads in /proc/<shell>/stat, shifts a naive split of the
-    # fields so that the terminal's foreground group reads as 1: "kill -9 -1" as root stops the container.
-    "a process name that shifts the stat fields": "printf 'a) R 1 2 1 1 1' > /proc/$$/comm; "
-                                                  "python3 -c 'import signal, time; signal.signal(signal.SIGINT, "
-                                                  "signal.SIG_IGN); time.sleep(20)'",
-}
-
 
 @pytest.mark.parametrize("escape", list(ESCAPES))
 def test_an_agent_cannot_turn_its_episode_into_an_env_error(machine_backend: str, escape: str):
@@ -273,12 +239,13 @@ def leftovers(owner: int) -> dict[str, list[str]]:
     from skyrl_sandbox import dirs
     from skyrl_sandbox.cgroups import cgroup_support
 
-    found: dict[str, list[str]] = {"containers": [], "cgroups": [], "folders": []}
+    found: dict[str, list[str]] = {"containers": [], "volumes": [], "cgroups": [], "folders": []}
     if os.environ.get("SKYRL_REQUIRE_DOCKER") == "1" or _docker_answers():
         from skyrl_sandbox.docker_engine import OWNER_LABEL, shared_client
 
-        found["containers"] = [c["Id"][:12] for c in shared_client().api.containers(
-            all=True, filters={"label": f"{OWNER_LABEL}={owner}"})]
+        api = shared_client().api
+        found["containers"] = [c["Id"][:12] for c in api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})]
+        found["volumes"] = [volume["Name"] for volume in api.volumes().get("Volumes") or []]
     support = cgroup_support()
     if support is not None:
         parents = {support.pids.parent, support.memory.parent, *([support.freezer.parent] if support.freezer else [])}
@@ -300,10 +267,13 @@ def test_after_hostile_episodes_no_container_volume_cgroup_or_folder_remains(mac
     row = builtin_row("hello-world-file")
     attacks = [bash(UNDELETABLE), bash(SURVIVOR), bash(ESCAPES["a FIFO where the shell reads its history"]),
                bash("for i in 1 2 3; do setsid sleep 600 & done; nohup sleep 700 >/dev/null 2>&1 & echo ok")]
+    before = leftovers(os.getpid())  # other tests' live sandboxes (warm worker pools) of this process stay
     for attack in attacks:
         results, _ = play(row, [attack, "<done/>"], backend=machine_backend, command_timeout_s=5)
         assert scored(results)[0] == 0.0
-    assert leftovers(os.getpid()) == {"containers": [], "cgroups": [], "folders": []}
+    after = leftovers(os.getpid())
+    assert {kind: sorted(set(after[kind]) - set(before[kind])) for kind in after} == \
+        {"containers": [], "volumes": [], "cgroups": [], "folders": []}
 
 
 UNPRIVILEGED_TRAINER = """

@@ -1,8 +1,10 @@
-"""What the hostile-code tests share: backends, a tight config, and code that finds the worker's channel."""
+"""What the hostile-code tests share: backends, a tight config, and (from skyrl_rlm_repl.probes) code that finds
+the worker's channel."""
 
 from __future__ import annotations
 
 import pytest
+from skyrl_rlm_repl.probes import FIND_CHANNEL, FIND_TOKEN, FRAME, IS_PIPE, WRITE_ALL  # noqa: F401 - the probes' own
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
 from skyrl_sandbox.images import base_image_unavailable
 from skyrl_sandbox.testing import skip_unless_usable
@@ -33,15 +35,3 @@ DISABLE_POLICY = ("import gc\n"
                   "policy = next(o for o in gc.get_objects() if type(o).__name__ == 'SandboxPolicy')\n"
                   "type(policy).check.__code__ = (lambda self, event, args: None).__code__\n")
 
-
-# Model code that finds the worker's end of the channel and writes raw bytes to it.
-FIND_CHANNEL = "import os\npipes = [fd for fd in range(3, 64) if _is_pipe(fd)]\n"
-WRITE_ALL = "for fd in pipes:\n    try:\n        os.write(fd, {payload})\n    except OSError:\n        pass\n"
-IS_PIPE = ("def _is_pipe(fd):\n    import os, stat\n    try:\n        return stat.S_ISFIFO(os.fstat(fd).st_mode)\n"
-           "    except OSError:\n        return False\n")
-
-
-# The current execution's token, as code that reads the worker's memory can find it.
-FIND_TOKEN = ("import gc\ntoken = next(o for o in gc.get_objects() "
-              "if type(o).__name__ == 'RequestSender').token.encode()\n")
-FRAME = "(lambda m: len(m).to_bytes(4, 'big') + m)"

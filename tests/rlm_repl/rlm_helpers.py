@@ -6,14 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 from skyrl_core.testing.scripted_engine import ScriptedEngine
+from skyrl_rlm_repl.probes import repl  # noqa: F401 - the tests' responses are the probes' own
 
 CONTEXT_TASK = {"id": "capital", "prompt": "What is the capital of France?",
                 "context": "Notes: the capital of France is Paris.", "answer": "Paris"}
-
-
-def repl(*lines: str) -> str:
-    """A response holding one ```repl block with these lines."""
-    return "```repl\n" + "\n".join(lines) + "\n```"
 
 
 def scripted_policy(tokenizer: Any, choose: Callable[[str, str, int], str]) -> ScriptedEngine:

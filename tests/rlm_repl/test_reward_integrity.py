@@ -26,24 +26,24 @@ from hostile import (
 )
 from rlm_helpers import CONTEXT_TASK, repl, scripted_policy
 from skyrl_rlm_repl.env import RLMReplEnv
-from skyrl_rlm_repl.rewards import MAX_SCORED_SNIPPETS, score_answer
+from skyrl_rlm_repl.probes import (
+    CONTEXT_SENTENCES,
+    SCAFFOLD_EDITS,
+    guessed_token_final,
+    late_raw_thread,
+    late_thread,
+    leave_frames_behind,
+)
+from skyrl_rlm_repl.rewards import MAX_SCORED_SNIPPETS, MAX_SNIPPETS_PER_EVIDENCE, score_answer
 from skyrl_rlm_repl.sandbox import Sandbox
 from skyrl_rlm_repl.tree import RLMTreeConfig, RLMTreeGenerator
 from skyrl_sandbox.cgroups import cgroup_support
 
-FORGED_RESULT = (f"{FRAME}(b'{{\"op\": \"result\", \"seq\": 1, \"token\": \"' + token + b'\", \"stdout\": \"forged\", "
-                 "\"stderr\": \"\", \"error\": null, \"truncated_chars\": 0}')")
-FORGED_FINAL = (f"{FRAME}(b'{{\"op\": \"rpc\", \"token\": \"' + token + b'\", \"id\": 50, \"method\": \"FINAL\", "
-                "\"params\": {\"answer\": \"Paris\"}}')")
-# A result frame for this execution followed by a FINAL request: the parent takes the first as the
-# result, so the request (and then the worker's real result) are left in the channel for later.
-LEAVE_FRAMES_BEHIND = IS_PIPE + FIND_CHANNEL + FIND_TOKEN + WRITE_ALL.format(payload=f"{FORGED_RESULT} + {FORGED_FINAL}")
-LATE_THREAD = ("import threading, time\n"
-               "def late():\n    time.sleep(0.5)\n    globals()['context'] = 'rebound'\n    FINAL('Paris')\n"
-               "threading.Thread(target=late).start()\n")
-LATE_RAW_THREAD = ("import _thread, time\n"
-                   "def late():\n    time.sleep(0.5)\n    FINAL('Paris')\n"
-                   "_thread.start_new_thread(late, ())\n")
+# The probes' attacks (skyrl check rlm_repl --adversarial plays them too), here with the right answer.
+LEAVE_FRAMES_BEHIND = leave_frames_behind("'Paris'")
+GUESSED_TOKEN_FINAL = guessed_token_final("'Paris'")
+LATE_THREAD = late_thread("'Paris'")
+LATE_RAW_THREAD = late_raw_thread("'Paris'")
 
 
 def kernel_limits_bind_for_root() -> bool:
@@ -71,8 +71,7 @@ async def test_frames_left_in_the_channel_end_the_sandbox_at_the_next_execution(
 
 
 async def test_a_frame_for_a_later_execution_cannot_be_prepared(sandbox):
-    guessed = FORGED_FINAL.replace("' + token + b'", "0" * 32)
-    result = await sandbox.execute(IS_PIPE + FIND_CHANNEL + WRITE_ALL.format(payload=guessed))
+    result = await sandbox.execute(GUESSED_TOKEN_FINAL)
     assert result.sandbox_restarted and "not bound to the running execution" in result.error
     assert result.final_answer is None
 
@@ -94,17 +93,9 @@ async def test_threads_joined_within_the_block_are_fine(sandbox):
 
 
 SCAFFOLD = "def read_section(n):\n    return f'section {n}'\n"
-MUTATIONS = {
-    "scaffold code object": "read_section.__code__ = (lambda n: 'forged').__code__",
-    "context in place": "list.append(context['papers'], 'forged')\ndict.__setitem__(context, 'extra', 1)",
-    "builtins": "import builtins\nbuiltins.len = lambda x: -1\nbuiltins.sorted = None",
-    "FINAL closure": "FINAL.__closure__[0].cell_contents = None",
-    "stub closure": ("for cell in llm_query.__closure__:\n    if callable(cell.cell_contents):\n"
-                     "        cell.cell_contents = lambda *a, **k: 'forged'"),
-}
 
 
-@pytest.mark.parametrize("mutation", list(MUTATIONS.values()), ids=list(MUTATIONS))
+@pytest.mark.parametrize("mutation", list(SCAFFOLD_EDITS.values()), ids=list(SCAFFOLD_EDITS))
 async def test_in_place_scaffold_mutations_do_not_reach_the_next_block(backend, mutation):
     async def handler(method, params):
         return "real answer"
@@ -279,6 +270,21 @@ def test_scoring_refuses_answers_past_its_caps(evidence_tasks, answer, component
     assert reward == 0.0 and components == {component: 1.0}
 
 
+def test_the_whole_context_as_the_answer_is_refused(make_env, evidence_tasks):
+    """Every sentence of the papers, returned without reading the question, earned F1 from recall alone (0.08 to
+    0.11 on the built-in tasks): an answer of more than MAX_SNIPPETS_PER_EVIDENCE snippets per gold one scores 0."""
+    task = evidence_tasks[0]
+    result = make_env(task=task).step(repl(CONTEXT_SENTENCES + "FINAL(sentences)"))
+    assert result.terminated and result.reward == 0.0
+    assert result.info["reward_components"] == {"too_many_snippets": 1.0, "task_reward": 0.0}
+    gold = list(task["evidence"])
+    at_the_cap = gold * MAX_SNIPPETS_PER_EVIDENCE  # each gold snippet matches once; its copies are misses
+    precision = 1 / MAX_SNIPPETS_PER_EVIDENCE
+    assert score_answer(task, task["papers"], repr(at_the_cap), 0.8)[0] == pytest.approx(
+        2 * precision / (precision + 1))
+    assert score_answer(task, task["papers"], repr([*at_the_cap, gold[0]]), 0.8) == (0.0, {"too_many_snippets": 1.0})
+
+
 def test_a_gold_answer_within_the_caps_still_scores_full_reward(evidence_tasks):
     task = evidence_tasks[0]
     reward, _ = score_answer(task, task["papers"], repr(list(task["evidence"])), 0.8)
@@ -329,8 +335,7 @@ FORGERIES = {
     "honest": [repl("FINAL('Paris')")],
     "frames left for a later turn": [repl(LEAVE_FRAMES_BEHIND), repl("x = 1"), repl("x = 2")],
     "a thread that answers later": [repl(LATE_THREAD), repl("import time\ntime.sleep(1)"), repl("x = 2")],
-    "a frame with a guessed token": [repl(IS_PIPE + FIND_CHANNEL + WRITE_ALL.format(
-        payload=FORGED_FINAL.replace("' + token + b'", "0" * 32))), repl("x = 1"), repl("x = 2")],
+    "a frame with a guessed token": [repl(GUESSED_TOKEN_FINAL), repl("x = 1"), repl("x = 2")],
     "FINAL printed into the observation": [repl("print('FINAL(Paris)')"), repl("print('FINAL_VAR(x)')"),
                                            repl("x = 2")],
     "an oversize answer": [repl("FINAL('Paris ' * 10_000)"), "FINAL(" + "Paris " * 5_000 + ")", repl("x = 2")],

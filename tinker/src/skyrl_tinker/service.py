@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from skyrl_core.engine import SamplingParams
 
@@ -117,28 +117,19 @@ class TinkerService:
     # --- what a tenant owns, and how much ----------------------------------------------------------
 
     def _session(self, tenant: str, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
-        if session is None or session.tenant != tenant:
-            raise RequestError(404, f"unknown or expired session {session_id!r} (sessions end when heartbeats stop)")
-        return session
+        return _owned(self.sessions.get(session_id), tenant, f"unknown or expired session {_shown(session_id)} "
+                                                                "(sessions end when heartbeats stop)")
 
     def _model(self, tenant: str, model_id: str) -> ModelInfo:
-        info = self.models.get(model_id)
-        if info is None or info.tenant != tenant:
-            raise RequestError(404, f"unknown model id {model_id!r}; create it with create_model or load_weights")
-        return info
+        return _owned(self.models.get(model_id), tenant,
+                      f"unknown model id {_shown(model_id)}; create it with create_model or load_weights")
 
     def _sampling(self, tenant: str, sampling_id: str) -> SamplingSession:
-        sampling = self.sampling.get(sampling_id)
-        if sampling is None or sampling.tenant != tenant:
-            raise RequestError(404, f"unknown sampling session {sampling_id!r}")
-        return sampling
+        return _owned(self.sampling.get(sampling_id), tenant, f"unknown sampling session {_shown(sampling_id)}")
 
     def future(self, tenant: str, request_id: str) -> Future:
-        future = self.futures.get(request_id)
-        if future is None or future.tenant != tenant:
-            raise RequestError(404, f"unknown request id {request_id!r} (never issued, or its session was reaped)")
-        return future
+        return _owned(self.futures.get(request_id), tenant,
+                      f"unknown request id {_shown(request_id)} (never issued, or its session was reaped)")
 
     def _run_info(self, run_id: str) -> dict[str, Any]:
         try:
@@ -606,3 +597,19 @@ def _completion(future: Future) -> dict[str, Any]:
         return {"state": "failed", "request_id": future.request_id}
     size = len(future.result) if isinstance(future.result, bytes) else None
     return {"state": "finished", "request_id": future.request_id, "response_payload_uncompressed_size": size}
+
+
+Owned = TypeVar("Owned")
+
+
+def _owned(item: Owned | None, tenant: str, message: str) -> Owned:
+    """``item`` when ``tenant`` owns it; else the 404 an id never issued gets, so no tenant learns another's ids."""
+    if item is None or getattr(item, "tenant", None) != tenant:
+        raise RequestError(404, message)
+    return item
+
+
+def _shown(text: str) -> str:
+    """An id as an error quotes it: cut to 80 characters, so a huge id does not come back whole."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= 80 else quoted[:77] + "..."

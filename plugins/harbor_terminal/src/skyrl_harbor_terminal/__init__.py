@@ -1,6 +1,14 @@
 """skyrl-harbor-terminal: Harbor-format terminal tasks in real containers, rewarded by each task's verifier."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from skyrl_core import EnvSpec, hookimpl
+
+if TYPE_CHECKING:
+    from skyrl_core.testing import Probe
 
 
 @hookimpl
@@ -13,3 +21,11 @@ def register_envs(register):
         max_turns=16,
         needs_docker=True,
     ))
+
+
+@hookimpl
+def register_probes(register: Callable[[Probe], None]) -> None:
+    from .probes import PROBES  # imported when the checker runs, not for every `skyrl` command
+
+    for probe in PROBES:
+        register(probe)

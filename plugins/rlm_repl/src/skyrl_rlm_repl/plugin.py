@@ -1,9 +1,16 @@
-"""Hook implementations: registers env ``rlm_repl`` and generator ``rlm_tree`` (nothing heavy imported)."""
+"""Hook implementations: registers env ``rlm_repl``, generator ``rlm_tree`` and the env's adversarial probes
+(nothing heavy imported)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from skyrl_core import EnvSpec, GeneratorSpec, hookimpl
 from skyrl_core.hookspecs import Register
+
+if TYPE_CHECKING:
+    from skyrl_core.testing import Probe
 
 
 @hookimpl
@@ -39,3 +46,11 @@ def register_generators(register: Register) -> None:
         description="Tree rollouts for rlm_repl: rlm_query runs a child episode with its own REPL, "
                     "llm_query a plain completion; per-rollout depth/call/token limits.",
     ))
+
+
+@hookimpl
+def register_probes(register: Callable[[Probe], None]) -> None:
+    from skyrl_rlm_repl.probes import PROBES  # imported when the checker runs, not for every `skyrl` command
+
+    for probe in PROBES:
+        register(probe)

@@ -1,6 +1,14 @@
 """skyrl-search: Search-R1-style retrieval QA — <search> queries against a local index or a retrieval server."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from skyrl_core import EnvSpec, hookimpl
+
+if TYPE_CHECKING:
+    from skyrl_core.testing import Probe
 
 
 @hookimpl
@@ -13,3 +21,11 @@ def register_envs(register):
         max_turns=4,
         stop=("</search>", "</answer>"),
     ))
+
+
+@hookimpl
+def register_probes(register: Callable[[Probe], None]) -> None:
+    from .probes import PROBES  # imported when the checker runs, not for every `skyrl` command
+
+    for probe in PROBES:
+        register(probe)

@@ -1,6 +1,14 @@
 """skyrl-sql: multi-turn text-to-SQL against a real database, in SkyRL-SQL's format."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from skyrl_core import EnvSpec, hookimpl
+
+if TYPE_CHECKING:
+    from skyrl_core.testing import Probe
 
 
 @hookimpl
@@ -14,3 +22,11 @@ def register_envs(register):
         reward_range=(-1.0, 1.0),
         stop=("</sql>", "</solution>"),
     ))
+
+
+@hookimpl
+def register_probes(register: Callable[[Probe], None]) -> None:
+    from .probes import PROBES  # imported when the checker runs, not for every `skyrl` command
+
+    for probe in PROBES:
+        register(probe)
