@@ -7,12 +7,13 @@ executes anything (``Popen(preexec_fn=...)``), so everything it starts is counte
 instruction.
 
 Works with cgroup v1 (``/sys/fs/cgroup/{pids,memory}``, plus ``freezer`` where mounted) and v2 (a
-parent group with both controllers delegated), as root or wherever the hierarchy is writable.
+parent group with both controllers delegated), as root or wherever the hierarchy is writable. Where
+neither is, the sandbox falls back to RLIMIT_NPROC (binding for non-root users), bounded tmpfs sizes
+and no memfd.
 
 Which processes are alive is the group's own word: ``cgroup.procs`` lists every process that has a
 thread left (a leader that exited while its threads run included) and no zombie, so a kill is
-proven by that list, never by reading process states from ``/proc``. Where neither is, the
-sandbox falls back to RLIMIT_NPROC (binding for non-root users), bounded tmpfs sizes and no memfd.
+proven by that list, never by reading process states from ``/proc``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ class WorkerCgroup:
         limited = [(support.pids, pids_max), (support.memory, memory_bytes)]
         if support.freezer is not None:  # between the two: dirs[0] stays the pids group, dirs[-1] the memory one
             limited.insert(1, (support.freezer, 0))
-        self.freezer_dir = support.freezer.parent / name if support.freezer is not None else None
         try:
             for controller, value in limited:
                 folder = controller.parent / name
@@ -77,6 +77,9 @@ class WorkerCgroup:
             self.remove()
             raise
         self._procs_paths = [str(folder / "cgroup.procs") for folder in self.dirs]
+        # v1: the freezer group's own file; v2: a core file of the group itself (kernel 5.2+)
+        control = support.freezer.parent / name / "freezer.state" if support.freezer else self.dirs[0] / "cgroup.freeze"
+        self.freezer: Path | None = control if control.exists() else None
 
     def join(self) -> None:
         """Move the calling process into the groups (runs in the forked child, before exec)."""
@@ -115,13 +118,7 @@ class WorkerCgroup:
 
     def kill_all(self, timeout_s: float = 5.0) -> set[int]:
         """Kill every member, frozen, until the groups list none (see :func:`kill_until_gone`); the survivors."""
-        return kill_until_gone(self.members, self._freezer(), timeout_s)
-
-    def _freezer(self) -> Path | None:
-        if self.freezer_dir is not None:  # v1: a group of its own
-            return self.freezer_dir / "freezer.state"
-        control = self.dirs[0] / "cgroup.freeze" if self.dirs else None  # v2: a core file of the group itself
-        return control if control is not None and control.exists() else None
+        return kill_until_gone(self.members, self.freezer, timeout_s)
 
     def remove(self) -> None:
         """Kill whatever is left in the groups, then remove them (idempotent)."""
