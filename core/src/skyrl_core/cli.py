@@ -103,16 +103,26 @@ def check_command(
                                      "or leaks state across episodes (skyrl_core.testing.check_adversarial)."),
     quick: bool = typer.Option(False, "--quick", help="With --adversarial: a subset of the generic probes (for CI)."),
     seed: int = typer.Option(0, "--seed", help="Seed of every episode."),
-    as_json: bool = typer.Option(False, "--json", help="With --adversarial: print the report as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="With --adversarial or --dataset: print the report as JSON."),
+    dataset: Path | None = typer.Option(None, "--dataset", help="Report on this dataset instead: every task's gold "
+                                        "actions are played and a table says, per task, its oracle reward and what "
+                                        "is wrong (plus the env's own columns); exit 1 when a task fails. PATH goes "
+                                        "to the env's dataset option (harbor_terminal: env.tasks), else it is a "
+                                        "JSONL file of task rows."),
+    concurrency: int = typer.Option(2, "--concurrency", min=1, help="With --dataset: oracle episodes run at once."),
     overrides: list[str] | None = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
 ) -> None:
     """Run the env conformance checker (skyrl_core.testing.check_env) and print each check, and each warning
-    its dataset raised (WARN lines, which never fail the check); with --adversarial, the reward-hacking probes."""
+    its dataset raised (WARN lines, which never fail the check); with --adversarial, the reward-hacking probes;
+    with --dataset, a per-task oracle report on that dataset."""
     from skyrl_core.config import parse_overrides
     from skyrl_core.testing import check_adversarial, check_env
 
     try:
         env_options = parse_overrides(overrides or []).get("env", {})
+        if dataset is not None:
+            _dataset_check(env_id, env_options, dataset, concurrency=concurrency, seed=seed, as_json=as_json)
+            return
         if adversarial:
             from rich.console import Console
             from rich.progress import Progress
@@ -140,6 +150,46 @@ def check_command(
         typer.echo(f"FAIL  {problem}")
     summary = f"{len(report.passed)} passed, {len(report.failed)} failed, {len(report.skipped)} skipped"
     typer.echo(summary + (f", {len(report.warnings)} warning(s)" if report.warnings else ""))
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def _dataset_check(env_id: str, options: dict[str, Any], dataset: Path, *, concurrency: int, seed: int,
+                   as_json: bool) -> None:
+    """``skyrl check ENV --dataset PATH``: the oracle on every task, one table row each."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from skyrl_core.dataset_report import dataset_report
+    from skyrl_core.factory import env_class
+
+    registry = get_plugin_manager().registry
+    cls = env_class(env_id, registry)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        playing = bar.add_task(f"oracle on {dataset}", total=None)
+        report = dataset_report(cls, env_id, options, dataset, registry, concurrency=concurrency, seed=seed,
+                                progress=lambda done, total: bar.update(playing, completed=done, total=total))
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        for warning in report.warnings:
+            typer.echo(f"WARN  {warning}")
+        table = Table(title=f"{env_id}: {dataset}")
+        rows = report.rows()
+        for column in rows[0]:
+            table.add_column(column, no_wrap=column != "problem", overflow="fold")
+        for row in rows:
+            cells = [f"{value:g}" if isinstance(value, float) else str(value) for value in row.values()]
+            cells[-1] = cells[-1] if len(cells[-1]) <= 100 else cells[-1][:99] + "…"  # in full below the table
+            table.add_row(*map(escape, cells))
+        Console(width=max(Console().width, 200)).print(table)
+        for result in report.failed:
+            typer.echo(f"  {result.task_name}: {result.problem(report.reward_range)}")
+        typer.echo(f"{len(rows) - len(report.failed)} of {len(rows)} task(s) solved by their oracle at reward "
+                   f"{report.reward_range[1]:g}" + (f"; failed: {', '.join(r.task_name for r in report.failed)}"
+                                                    if report.failed else ""))
     if report.failed:
         raise typer.Exit(1)
 

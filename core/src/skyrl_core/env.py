@@ -105,12 +105,16 @@ class TextEnv(gymnasium.Env):
       ``truncated=True``, the trajectory is marked failed and is never trained on). Keys the base
       class sets: ``"truncated_reason"`` (the turn limit), ``"invalid_action"`` (the default
       :meth:`reject_action`), ``"traceback"`` (with ``"error"``), ``"max_turns"`` (in ``reset``'s
-      info). All of ``info`` is kept in each trajectory turn, so other keys are free for the env.
+      info). ``"report"``, a flat ``{column: text}`` mapping, adds columns to ``skyrl check --dataset``'s
+      table. All of ``info`` is kept in each trajectory turn, so other keys are free for the env.
     """
 
     config_class: ClassVar[type[EnvConfig]] = EnvConfig
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    dataset_option: ClassVar[str | None] = None
+    """The config field that names a dataset to read (a path), if the env has one: ``skyrl check ENV --dataset
+    PATH`` sets it and reports every task of that dataset."""
 
     def __init__(self, task: Mapping[str, Any] | None = None,
                  config: EnvConfig | Mapping[str, Any] | None = None) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import validate_config
 
+REPORT_KEY = "report"
+"""The ``info`` key whose ``{column: text}`` mapping an oracle episode keeps (``skyrl check --dataset``'s columns)."""
 NAME_FIELDS = ("name", "id", "task_id")
 """Row fields that name a task, in order of preference."""
 
@@ -48,6 +50,7 @@ class OracleResult:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     no_gold: bool = False
+    report: dict[str, str] = field(default_factory=dict)  # the env's info["report"] columns (skyrl check --dataset)
 
     @property
     def end(self) -> str:
@@ -127,6 +130,8 @@ async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any
             result.reward += float(step.reward)
             if step.info.get("error"):
                 result.error = str(step.info["error"])
+            if isinstance(step.info.get(REPORT_KEY), Mapping):
+                result.report.update({str(key): str(value) for key, value in step.info[REPORT_KEY].items()})
             if step.terminated or step.truncated:
                 result.terminated, result.truncated = bool(step.terminated), bool(step.truncated)
                 break
