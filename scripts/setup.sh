@@ -105,6 +105,19 @@ if docker_problem >/dev/null; then
   if "$venv/bin/python" -c 'import skyrl_harbor_terminal' 2>/dev/null; then
     "$venv/bin/python" -m skyrl_harbor_terminal.images \
       || docker_unavailable "the terminal base image of harbor_terminal could not be built (see above)"
+    # Public images that task Dockerfiles start FROM (python:3.11-slim, ubuntu:24.04, ...) are built from Debian
+    # packages when first needed (env.substitute_images, on unless SKYRL_SUBSTITUTE_IMAGES=0); none is built here.
+    # RUN steps of task image builds stay offline unless env.build_network / SKYRL_BUILD_NETWORK=1 gives them the
+    # host's network; this script cannot set that in your shell, so it says when this machine reaches the mirrors.
+    if "$venv/bin/python" -c 'import sys, urllib.request
+for url in ("http://deb.debian.org/debian/", "https://pypi.org/simple/"):
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=3).close()
+    except Exception:
+        sys.exit(1)' 2>/dev/null; then
+      echo "harbor_terminal: this machine reaches deb.debian.org and pypi.org: export SKYRL_BUILD_NETWORK=1" \
+        "(or pass env.build_network=true) to let apt-get and pip install in task Dockerfiles use them"
+    fi
   fi
 fi
 echo "ready: $venv/bin/skyrl"

@@ -132,7 +132,7 @@ async def test_an_image_is_built_once_when_four_episodes_start_together(docker_b
     # The tag is a hash of the task's files, so an engine that outlives a test run (a reused CI machine) may
     # already hold it: start without it, and leave nothing behind.
     remove_image(tag)
-    caplog.set_level(logging.DEBUG, logger="skyrl_harbor_terminal.provision")
+    caplog.set_level(logging.DEBUG, logger="skyrl_harbor_terminal.builds")
     try:
         outcomes = await run_episodes([row] * 4, bash("cat /app/layer && touch /app/marker", done=True),
                                       backend=docker_backend, max_live_machines=4, build_logs=str(tmp_path / "logs"))

@@ -62,6 +62,9 @@ class BwrapMachine(Machine):
             raise BackendUnavailable("bwrap", problem)
         if spec.network:
             raise SandboxError("the bwrap machine has no network; a task that needs one needs the docker backend")
+        if spec.sidecars:
+            raise SandboxError(f"the bwrap machine cannot run sidecars ({', '.join(s.name for s in spec.sidecars)}); "
+                               "they need the docker backend")
         if shutil.which("setsid") is None:
             raise BackendUnavailable("bwrap", "setsid (util-linux) is needed to give the shell its terminal")
         host_dir = make_host_dir()

@@ -25,8 +25,10 @@ from typing import Any
 from . import cgroups
 from .box import RunResult
 from .docker_engine import STREAM_HEADER, owner_labels, remove_container, shared_client, sweep_once
+from .docker_sidecars import Sidecars
 from .errors import BackendUnavailable, ProcessesSurvived, SandboxError
 from .machine import AGENT_UID, Machine, MachineSpec, base_env
+from .sidecars import host_entries
 from .terminal import SHELL_ARGV, TerminalSession
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ class DockerMachine(Machine):
         self._shells: list[TerminalSession] = []
         self._closed = False
         self._sweeping = False
+        self.sidecars = Sidecars(api, container_id, spec.sidecars, spec.depends_on, spec.storage_mb)
 
     @classmethod
     async def start(cls, spec: MachineSpec) -> DockerMachine:
@@ -99,6 +102,8 @@ class DockerMachine(Machine):
             machine.agent_uid, machine.agent_gid = int(fields[0]), int(fields[1])
             machine.agent_home = fields[2]
             await asyncio.to_thread(machine._find_group)
+            if spec.sidecars:
+                await asyncio.to_thread(machine.sidecars.start)
         except BaseException:
             await machine.close()
             raise
@@ -191,6 +196,8 @@ class DockerMachine(Machine):
         group = self._group
         if group is None:
             self.api.restart(self.container_id, timeout=0)  # the PID namespace, and all in it, ends with its init
+            if self.spec.sidecars:
+                self.sidecars.restart()  # the restart gave the machine a new network namespace: they join it
             return set()
         return cgroups.kill_until_gone(lambda: cgroups.members(group) - self._spared, self._freezer, _KILL_WAIT_S)
 
@@ -214,6 +221,7 @@ class DockerMachine(Machine):
                 await shell.close()
             except Exception:  # noqa: BLE001 - the container goes anyway
                 pass
+        await asyncio.to_thread(self.sidecars.remove)
         await asyncio.to_thread(remove_container, self.api, self.container_id)
 
 
@@ -274,14 +282,16 @@ def _create(spec: MachineSpec) -> tuple[Any, str, list[str]]:
         pids_limit=spec.max_processes, mem_limit=spec.memory_mb * 2**20, memswap_limit=spec.memory_mb * 2**20,
         nano_cpus=int(spec.cpus * 1e9), init=True, log_config=LogConfig(type="none"),
         ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="fsize", soft=storage_bytes, hard=storage_bytes)],
-        oom_score_adj=500, ipc_mode="private", shm_size=64 * 2**20)
+        oom_score_adj=500, ipc_mode="private", shm_size=64 * 2**20,
+        extra_hosts=host_entries(spec.sidecars) if spec.sidecars else None)  # sidecars share this /etc/hosts
     container_id = None
     for storage_opt in ({"size": f"{spec.storage_mb}m"}, None):
         try:
             config = api.create_host_config(**settings, **({"storage_opt": storage_opt} if storage_opt else {}))
             container_id = api.create_container(
                 spec.image, entrypoint=_KEEPALIVE[:1], command=_KEEPALIVE[1:], user="0:0", working_dir="/",
-                hostname=spec.hostname, labels=owner_labels(), network_disabled=not spec.network,
+                hostname=spec.hostname, labels=owner_labels(),
+                network_disabled=not (spec.network or spec.sidecars),  # disabled: no /etc/hosts is written
                 host_config=config)["Id"]
             api.start(container_id)
             break

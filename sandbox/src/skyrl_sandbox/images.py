@@ -4,9 +4,11 @@
   nothing else), made by ``mmdebstrap --variant=minbase`` from Debian packages and imported with
   ``docker import``. Built once per engine (about 30 s) and cached by tag.
 - Other Debian base images, declared by the packages that use them with
-  :func:`register_base_image` (e.g. a terminal image with git and procps): built the same way.
+  :func:`register_base_image` (e.g. a terminal image with git and procps, or a stand-in for a
+  public image from another Debian suite with its own ``ENV``): built the same way.
 - Task images: a folder with a Dockerfile ``FROM`` a local image (usually a base), built offline
-  (``RUN`` steps have no network) and cached by tag plus a hash of the folder's contents.
+  (``RUN`` steps have no network unless the caller asks for the host's) and cached by tag plus a
+  hash of the folder's contents (and of the Dockerfile text, when the caller supplies it).
 
 Command line (``scripts/setup.sh`` runs the first)::
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -30,7 +33,8 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BackendUnavailable, SandboxError
@@ -41,9 +45,15 @@ BASE_TAG = "skyrl-sandbox-base:bookworm-1"  # bump the number when what goes int
 SUITE = "bookworm"
 PACKAGES = ("python3",)
 MIRROR_ENV = "SKYRL_DEBIAN_MIRROR"  # a Debian mirror URL, or full sources.list lines separated by '|'
-DEFAULT_MIRRORS = ("http://deb.debian.org/debian",
-                   f"deb http://deb.debian.org/debian {SUITE}-updates main",
-                   f"deb http://deb.debian.org/debian-security {SUITE}-security main")
+
+
+def default_mirrors(suite: str) -> tuple[str, ...]:
+    """deb.debian.org with the suite's updates and security suites."""
+    return ("http://deb.debian.org/debian", f"deb http://deb.debian.org/debian {suite}-updates main",
+            f"deb http://deb.debian.org/debian-security {suite}-security main")
+
+
+DEFAULT_MIRRORS = default_mirrors(SUITE)
 IMAGE_LABEL = "skyrl.sandbox.image"
 CONTEXT_LABEL = "skyrl.sandbox.context"
 # What a minbase system needs no copy of: documentation, manuals, translations, apt's package lists.
@@ -51,29 +61,52 @@ _SLIM = ("--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr
          "--dpkgopt=path-include=/usr/share/doc/*/copyright", "--dpkgopt=path-exclude=/usr/share/info/*",
          "--dpkgopt=path-exclude=/usr/share/locale/*",
          '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*')
-_IMPORT_CHANGES = ("ENV LANG=C.UTF-8", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                   'CMD ["/usr/bin/python3"]', f"LABEL {IMAGE_LABEL}=base")
+_BASE_ENV = {"LANG": "C.UTF-8", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 # What the base image must be able to do: the modules sandbox workers use, in isolated mode.
 _SMOKE_TEST = ["/usr/bin/python3", "-I", "-S", "-c", "import ctypes, json, resource, sqlite3, threading; print('ok')"]
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", re.IGNORECASE | re.MULTILINE)
 _LOG_TAIL = 40
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """What goes into a declared base image: Debian packages beyond minbase, and the image's settings."""
+
+    packages: tuple[str, ...]
+    suite: str = SUITE
+    env: tuple[tuple[str, str], ...] = ()  # on top of LANG and PATH (may replace them)
+    labels: tuple[tuple[str, str], ...] = ()
+    cmd: tuple[str, ...] = ("/usr/bin/python3",)
+
+
 _known: set[str] = set()  # tags seen on the engine by this process
-_base_images: dict[str, tuple[str, ...]] = {BASE_TAG: PACKAGES}  # tag -> Debian packages beyond minbase
+_base_images: dict[str, BaseImage] = {BASE_TAG: BaseImage(PACKAGES)}
 
 
-def register_base_image(tag: str, packages: Sequence[str]) -> str:
-    """Declare a Debian base image (minbase plus ``packages``; python3 always included) built on demand.
+def register_base_image(tag: str, packages: Sequence[str], *, suite: str = SUITE,
+                        env: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
+                        cmd: Sequence[str] = ("/usr/bin/python3",)) -> str:
+    """Declare a Debian base image (minbase of ``suite`` plus ``packages``; python3 always included) built on demand.
 
-    Task Dockerfiles ``FROM`` a declared tag get it built the first time they are built. Bump the
-    tag when the package list changes: images are cached by tag.
+    Task Dockerfiles ``FROM`` a declared tag get it built the first time they are built. ``env``,
+    ``labels`` and ``cmd`` become the image's settings. Bump the tag when any of it changes: images
+    are cached by tag.
     """
-    wanted = tuple(dict.fromkeys(("python3", *packages)))
+    wanted = BaseImage(tuple(dict.fromkeys(("python3", *packages))), suite, tuple((env or {}).items()),
+                       tuple((labels or {}).items()), tuple(cmd))
     known = _base_images.setdefault(tag, wanted)
     if known != wanted:
-        raise ValueError(f"base image {tag} is already declared with packages {known}, not {wanted}")
+        raise ValueError(f"base image {tag} is already declared as {known}, not {wanted}")
     return tag
+
+
+def declared_base_image(tag: str) -> BaseImage | None:
+    """What :func:`register_base_image` declared for ``tag``, or None."""
+    return _base_images.get(tag)
+
+
 _build_lock = threading.Lock()
 
 
@@ -151,24 +184,29 @@ def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Seque
     if mmdebstrap is None:
         raise BackendUnavailable("docker", f"cannot build the Docker base image {tag}: mmdebstrap is not installed "
                                  "(Debian/Ubuntu: apt-get install mmdebstrap; or scripts/setup.sh as root)")
-    packages = _base_images.get(tag, PACKAGES)
+    spec = _base_images.get(tag, _base_images[BASE_TAG])
+    packages, suite = spec.packages, spec.suite
     if mirrors is None:
-        mirrors = os.environ[MIRROR_ENV].split("|") if os.environ.get(MIRROR_ENV) else DEFAULT_MIRRORS
+        mirrors = ([line.replace("{suite}", suite) for line in os.environ[MIRROR_ENV].split("|")]
+                   if os.environ.get(MIRROR_ENV) else default_mirrors(suite))
     started = time.monotonic()
-    say(f"building the Docker base image {tag} from Debian {SUITE} packages ({', '.join(packages)}); "
+    say(f"building the Docker base image {tag} from Debian {suite} packages ({', '.join(packages)}); "
         "this takes about 30 s, once")
     with tempfile.TemporaryDirectory(prefix="skyrl-sandbox-image-") as folder:
         rootfs = Path(folder) / "rootfs.tar"
-        argv = [mmdebstrap, "--variant=minbase", f"--include={','.join(packages)}", *_SLIM, SUITE, str(rootfs),
+        argv = [mmdebstrap, "--variant=minbase", f"--include={','.join(packages)}", *_SLIM, suite, str(rootfs),
                 *mirrors]
-        _run_logged(argv, say, "mmdebstrap")
+        try:
+            _run_logged(argv, say, "mmdebstrap")
+        except ImageBuildError as exc:
+            raise ImageBuildError(f"Debian {suite} cannot be built here (for {tag}): {exc}") from exc
         say(f"importing {rootfs.stat().st_size / 2**20:.0f} MiB into Docker as {tag}")
         repository, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
         from .docker_engine import shared_client
 
         api = shared_client().api
         try:
-            api.import_image_from_file(str(rootfs), repository=repository, tag=version, changes=list(_IMPORT_CHANGES))
+            api.import_image_from_file(str(rootfs), repository=repository, tag=version, changes=_import_changes(spec))
         except Exception as exc:  # noqa: BLE001 - the SDK's errors vary; the message is what matters
             raise ImageBuildError(f"docker import of the base image {tag} failed: {exc}") from exc
     _smoke_test(tag, say)
@@ -179,14 +217,18 @@ def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Seque
 
 def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "Dockerfile", base: str = BASE_TAG,
                 force: bool = False, progress: Progress | None = None, timeout_s: float | None = None,
-                log_file: str | os.PathLike | None = None) -> str:
+                log_file: str | os.PathLike | None = None, dockerfile_text: str | None = None,
+                network: bool = False, notes: Sequence[str] = (), buildargs: Mapping[str, str] | None = None) -> str:
     """Build a task image from ``context_dir`` offline and return ``tag``.
 
     Every ``FROM`` must name an image already on the engine (a declared base image is built when it
-    is the one named); ``RUN`` steps run without network. The image is labelled with a hash of the
-    folder and rebuilt only when that changed (or with ``force``). A build still running after
-    ``timeout_s`` is abandoned (the engine cancels it when the connection closes) with an
-    :class:`ImageBuildError`; ``log_file`` receives the whole build output.
+    is the one named); ``RUN`` steps run without network, or in the host's network with ``network``.
+    ``dockerfile_text`` replaces the Dockerfile's text for this build (the file on disk is left
+    as it is; the context goes to the engine as an archive holding the new text). The image is
+    labelled with a hash of the folder (and of that text) and rebuilt only when that changed (or
+    with ``force``). A build still running after ``timeout_s`` is abandoned (the engine cancels it
+    when the connection closes) with an :class:`ImageBuildError`; ``log_file`` receives ``notes``
+    and then the whole build output. ``buildargs`` are ``--build-arg`` values (part of the hash).
     """
     say = progress or _log_progress
     _require_engine()
@@ -194,8 +236,13 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
     recipe = context / dockerfile
     if not recipe.is_file():
         raise ImageBuildError(f"no {dockerfile} in {context}")
-    _check_from_lines(recipe.read_text(errors="replace"), recipe, base, say)
+    text = recipe.read_text(errors="replace") if dockerfile_text is None else dockerfile_text
+    _check_from_lines(text, recipe, base, say)
     digest = context_digest(context)
+    if dockerfile_text is not None:
+        digest = hashlib.sha256(f"{digest}\0{dockerfile_text}".encode()).hexdigest()
+    if buildargs:  # the build's --build-arg values make another image of the same folder
+        digest = hashlib.sha256(f"{digest}\0{json.dumps(sorted(buildargs.items()))}".encode()).hexdigest()
     import docker
 
     from .docker_engine import shared_client
@@ -211,11 +258,24 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
             _known.add(tag)
             return tag
     started = time.monotonic()
-    say(f"building {tag} from {recipe} (offline)")
+    say(f"building {tag} from {recipe} ({'RUN steps in the host network' if network else 'offline'})")
     tail: deque[str] = deque(maxlen=_LOG_TAIL)
     log = open(log_file, "w", encoding="utf-8") if log_file else None  # noqa: SIM115 - closed below
-    stream = api.build(path=str(context), dockerfile=dockerfile, tag=tag, pull=False, rm=True, forcerm=True,
-                       network_mode="none", labels={IMAGE_LABEL: "task", CONTEXT_LABEL: digest}, decode=True,
+    for note in notes:
+        say(note)
+        if log:
+            log.write(note + "\n")
+    where: dict[str, object] = {"path": str(context), "dockerfile": dockerfile}
+    if dockerfile_text is not None:
+        from docker.utils import build as build_utils
+
+        name = ".skyrl-build.Dockerfile"  # the archive's .dockerignore names it, so COPY . leaves it out
+        where = {"fileobj": build_utils.tar(str(context), exclude=_dockerignore(context),
+                                            dockerfile=(name, dockerfile_text)),
+                 "custom_context": True, "dockerfile": name}
+    stream = api.build(**where, tag=tag, pull=False, rm=True, forcerm=True,
+                       network_mode="host" if network else "none",
+                       labels={IMAGE_LABEL: "task", CONTEXT_LABEL: digest}, decode=True, buildargs=dict(buildargs or {}),
                        timeout=None if timeout_s is None else max(int(timeout_s), 1))
     try:
         for chunk in stream:
@@ -265,6 +325,24 @@ def context_digest(context: Path) -> str:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
     return digest.hexdigest()
+
+
+def _dockerignore(context: Path) -> list[str] | None:
+    """The patterns of ``context/.dockerignore``, as the Docker SDK reads them."""
+    ignore = context / ".dockerignore"
+    if not ignore.is_file():
+        return None
+    lines = [line.strip() for line in ignore.read_text(errors="replace").splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _import_changes(spec: BaseImage) -> list[str]:
+    """The ``docker import`` changes giving an image its settings (values JSON-quoted, as Dockerfiles allow)."""
+    env = {**_BASE_ENV, **dict(spec.env)}
+    labels = {IMAGE_LABEL: "base", **dict(spec.labels)}
+    return ([f"ENV {key}={json.dumps(value)}" for key, value in env.items()]
+            + [f"LABEL {key}={json.dumps(value)}" for key, value in labels.items()]
+            + [f"CMD {json.dumps(list(spec.cmd))}"])
 
 
 def _check_from_lines(text: str, recipe: Path, base: str, say: Progress) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from .box import RunResult
+from .sidecars import SidecarSpec, start_order
 from .terminal import TerminalSession, TerminalTransport
 
 AGENT_UID = 1000
@@ -46,8 +47,15 @@ class MachineSpec:
     network: bool = False
     env: Mapping[str, str] = field(default_factory=dict)  # added to every command's environment
     hostname: str = "task"
+    # docker: service containers in the machine's network namespace, reached by name (see .sidecars), and the
+    # conditions on them (name -> service_started | service_healthy | service_completed_successfully) that hold
+    # before start() returns
+    sidecars: tuple[SidecarSpec, ...] = ()
+    depends_on: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.sidecars or self.depends_on:
+            start_order(self.sidecars, self.depends_on)  # names, conditions and cycles: ValueError
         if not self.workdir.startswith("/"):
             raise ValueError(f"MachineSpec.workdir must be absolute, got {self.workdir!r}")
         for name in ("memory_mb", "storage_mb", "max_processes"):

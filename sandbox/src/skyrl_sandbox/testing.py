@@ -29,3 +29,18 @@ def skip_unless_usable(backend: str, problem: str | None = None):
         return pytest.mark.skipif(False, reason="")
     problem = backend_problem(backend) if problem is None else problem
     return pytest.mark.skipif(problem is not None, reason=f"the {backend} backend cannot run here: {problem}")
+
+
+# Python source that connects to addresses off the box and prints each one's errno name (or "connected"):
+# in a machine with no route anywhere, every line ends in ENETUNREACH.
+NO_ROUTE_PROBE = """
+import errno, socket
+for address in ("1.1.1.1", "10.0.0.1", "172.17.0.1", "192.168.0.1"):
+    probe = socket.socket()
+    probe.settimeout(3)
+    try:
+        probe.connect((address, 80))
+        print(address, "connected")
+    except OSError as exc:
+        print(address, errno.errorcode.get(exc.errno, exc))
+"""

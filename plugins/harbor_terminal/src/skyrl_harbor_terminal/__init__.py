@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from skyrl_core import EnvSpec, hookimpl
 
 if TYPE_CHECKING:
+    import typer
     from skyrl_core.testing import Probe
 
 
@@ -21,6 +22,13 @@ def register_envs(register):
         max_turns=16,
         needs_docker=True,
     ))
+
+
+@hookimpl
+def register_commands(cli: typer.Typer) -> None:
+    from .cli import build_app  # typer only; the command bodies import the rest
+
+    cli.add_typer(build_app(), name="harbor")
 
 
 @hookimpl

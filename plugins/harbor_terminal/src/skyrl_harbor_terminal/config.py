@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from skyrl_core import EnvConfig
+
+from .rewards import weights_problem
 
 
 class HarborTerminalConfig(EnvConfig):
@@ -41,3 +43,26 @@ class HarborTerminalConfig(EnvConfig):
                                                     "backend; the engine must provide one). Off: they run offline.")
     build_logs: str | None = Field(None, description="Folder for image build logs; default: "
                                                      "~/.cache/skyrl/harbor/build-logs.")
+    substitute_images: bool | None = Field(None, description=(
+        "Build public images that task Dockerfiles start FROM (debian:, python:, ubuntu:) and the engine lacks "
+        "from Debian packages (README 'Offline base images'); an image on the engine is used as it is. None: "
+        "$SKYRL_SUBSTITUTE_IMAGES when set (1/0), else on."))
+    build_network: bool | None = Field(None, description=(
+        "RUN steps of task image builds (never the agent's machine) use the host's network, so apt-get and pip "
+        "install work where this machine reaches package mirrors. None: $SKYRL_BUILD_NETWORK when set, else off."))
+    reward_weights: dict[str, float] | None = Field(None, description=(
+        "Weights of a reward.json's keys when it has no 'reward' key (e.g. {correctness: 0.7, performance: 0.3}); "
+        "overrides the task's [metadata.skyrl] reward_weights. None: the task's, else equal weights."))
+    artifacts_dir: str | None = Field(None, description=(
+        "Where a task's artifacts are copied (<dir>/<task>/<episode>/<step>/...); default: "
+        "$SKYRL_HARBOR_CACHE/artifacts, else ~/.cache/skyrl/harbor/artifacts."))
+    max_artifact_bytes: int = Field(16 * 2**20, ge=0, description="Artifact bytes kept per episode; the rest is "
+                                                                  "cut (info['artifacts'] says so). 0: none collected.")
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _check_reward_weights(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        problem = None if weights is None else weights_problem(weights)
+        if problem:
+            raise ValueError(f"env.reward_weights {problem}")
+        return weights

@@ -15,13 +15,15 @@ import os
 import shutil
 import tarfile
 import tempfile
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from skyrl_harbor_terminal.task import HarborTask, load_task
+from skyrl_harbor_terminal.task import HarborTask, HarborTaskWarning, load_task
+from skyrl_harbor_terminal.task_warnings import dataset_warnings
 
 DEFAULT_MAX_TASK_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_MEMBERS = 10_000
@@ -60,7 +62,10 @@ def load_tasks(path: str | os.PathLike[str], *, extract_dir: str | os.PathLike[s
         task_dirs = find_task_dirs(source)
     else:
         raise DatasetError(f"{source}: neither a folder of Harbor tasks nor a .parquet dataset")
-    return [load_task(task_dir) for task_dir in task_dirs]
+    tasks = [load_task(task_dir, quiet=True) for task_dir in task_dirs]
+    for message in dataset_warnings(tasks):  # once per kind, not once per task (each task keeps its own list)
+        warnings.warn(message, HarborTaskWarning, stacklevel=2)
+    return tasks
 
 
 def default_extract_dir(parquet: Path) -> Path:

@@ -10,7 +10,10 @@ out) end the step; then the step's tests run (:mod:`.verifier`) and give its rew
 task then goes on with the next step's instruction in the same machine (unless a ``min_reward``
 stops it), and the episode's reward combines the steps' (``multi_step_reward_strategy``): it is
 paid on the last turn, every other turn's reward is 0. The machine is removed when the episode
-ends, whatever happened.
+ends, whatever happened. Before a step's turns its ``workdir/`` files are copied in
+(:mod:`.step_workdir`), its ``setup.sh`` runs and its healthcheck must pass (:mod:`.healthcheck`);
+after them, and before its tests, the task's artifacts are copied out (:mod:`.artifacts`). Each
+key of the reward files is kept (``info["rewards"]``, metrics ``reward/<key>``, :mod:`.rewards`).
 
 An environment that cannot be built or started ends that episode with ``info["error"]`` (dropped
 from training); other episodes go on. Once the agent has run a command, whatever breaks (the shell
@@ -36,9 +39,13 @@ from skyrl_sandbox.machine import Machine
 from skyrl_sandbox.terminal import CommandResult, TerminalSession
 
 from .actions import parse_action
+from .artifacts import ArtifactLog, collect_artifacts, default_artifacts_dir, episode_folder
 from .config import HarborTerminalConfig
+from .healthcheck import run_healthcheck
 from .lint import lint_task, task_workdir
-from .provision import Provisioner, Started, TaskEnvironmentError, provisioner
+from .provision import Provisioner, Started, TaskEnvironmentError, image_source, provisioner
+from .rewards import MAX_KEYS
+from .step_workdir import upload_step_workdir
 from .task import HarborTask, HarborTaskWarning, Step, combine_rewards, load_task
 from .verifier import TESTS_DIR, Verdict, verify
 
@@ -56,7 +63,12 @@ your work is then checked. You have {turns} replies."""
 
 @lru_cache(maxsize=4096)
 def cached_task(path: str) -> HarborTask:
-    return load_task(path)
+    """The task at ``path``, read once per process. Its warnings were said once per kind when the dataset was
+    read (:func:`task_rows`); here they only go to the log."""
+    task = load_task(path, quiet=True)
+    for warning in task.warnings:
+        log.info("task %s: %s", task.name, warning)
+    return task
 
 
 def task_rows(source: str | None) -> list[dict[str, Any]]:
@@ -70,6 +82,7 @@ def task_rows(source: str | None) -> list[dict[str, Any]]:
 class HarborTerminalEnv(TextEnv):
     config_class: ClassVar[type[HarborTerminalConfig]] = HarborTerminalConfig
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    dataset_option: ClassVar[str] = "tasks"
     config: HarborTerminalConfig
 
     def __init__(self, task: dict[str, Any] | None = None, config: Any = None) -> None:
@@ -94,6 +107,9 @@ class HarborTerminalEnv(TextEnv):
     def _reset_episode(self) -> None:
         self.step_index = 0
         self.step_rewards: list[float | None] = []
+        self.step_rewards_by_key: list[dict[str, float]] = []  # each step's reward file, key by key
+        self.rewards_by_key: dict[str, float] = {}  # the episode's, combined as the steps' rewards are
+        self.artifact_log: ArtifactLog | None = None
         self.verdicts: list[Verdict] = []
         self.agent_seconds = 0.0  # the commands' time in this step
         self.total_agent_seconds = 0.0
@@ -106,6 +122,7 @@ class HarborTerminalEnv(TextEnv):
         self.timings = {"build_s": 0.0, "start_s": 0.0, "wait_s": 0.0, "verify_s": 0.0}
         self.container_error = False
         self.final_reward: float | None = None
+        self.report: dict[str, str] = {}  # info["report"]: where the machine came from (skyrl check --dataset)
 
     @property
     def harbor_task(self) -> HarborTask:
@@ -270,7 +287,8 @@ class HarborTerminalEnv(TextEnv):
         text = f"{observation}\n\n" if observation else ""
         text += f"Step {self.step_index} is complete. Next:\n\n{self._step_prompt(self.current_step)}"
         return StepResult([{"role": "user", "content": text}], 0.0, False, False,
-                          {"step_reward": verdict.reward, "step": step.name})
+                          {"step_reward": verdict.reward, "step_reward_by_key": dict(verdict.rewards),
+                           "step": step.name})
 
     async def _verify_step(self) -> Verdict:
         machine = await self._ensure_machine()
@@ -278,9 +296,12 @@ class HarborTerminalEnv(TextEnv):
         step = self.current_step
         timeout = self.config.verifier_timeout_s or step.verifier_timeout_sec
         cwd = machine.spec.workdir if self.config.verifier_cwd == "workdir" else self.config.verifier_cwd
-        verdict = await verify(machine, self.harbor_task, step, timeout, cwd=cwd)
+        await self._collect_artifacts(machine, step)
+        verdict = await verify(machine, self.harbor_task, step, timeout, cwd=cwd,
+                               weights=self.config.reward_weights or self.harbor_task.reward_weights)
         self.verdicts.append(verdict)
         self.step_rewards.append(verdict.reward)
+        self.step_rewards_by_key.append(dict(verdict.rewards))
         self.timings["verify_s"] += verdict.duration_s
         return verdict
 
@@ -294,14 +315,47 @@ class HarborTerminalEnv(TextEnv):
             await self._release_machine()
         return self._summary(reason)
 
+    async def _collect_artifacts(self, machine: Machine, step: Step) -> None:
+        """The step's and the task's artifacts, copied out once the agent's processes are gone (before the tests)."""
+        artifacts = step.artifacts + self.harbor_task.artifacts
+        if not artifacts:
+            return
+        if self.artifact_log is None:
+            root = Path(self.config.artifacts_dir) if self.config.artifacts_dir else default_artifacts_dir()
+            self.artifact_log = ArtifactLog(episode_folder(root, self.harbor_task.name), self.config.max_artifact_bytes)
+        if self.config.max_artifact_bytes == 0:
+            self.artifact_log.problem(f"step {step.name}: not collected (env.max_artifact_bytes=0)")
+            return
+        try:
+            await machine.kill_processes()  # nothing may change them while they are read
+            await collect_artifacts(machine, artifacts, step.name, self.artifact_log)
+        except Exception as exc:  # noqa: BLE001 - the verification says what is wrong with the machine
+            log.debug("collecting artifacts failed", exc_info=True)
+            self.artifact_log.problem(f"step {step.name}: not collected ({type(exc).__name__}: {exc})")
+
+    def _combine_by_key(self) -> dict[str, float]:
+        """Each reward key over the steps, combined as the steps' rewards are (a step without the key counts 0)."""
+        task = self.harbor_task
+        contributes = [step.contributes_to_reward for step in task.steps]
+        keys = list(dict.fromkeys(key for rewards in self.step_rewards_by_key for key in rewards))[:MAX_KEYS]
+        return {key: combine_rewards(task.reward_strategy, [rewards.get(key) for rewards in self.step_rewards_by_key],
+                                     contributes) for key in keys}
+
     def _summary(self, reason: str) -> tuple[float, dict[str, Any]]:
         """The episode's reward from its steps' and what the last verification said."""
         task = self.harbor_task
         reward = combine_rewards(task.reward_strategy, self.step_rewards,
                                  [step.contributes_to_reward for step in task.steps])
         self.final_reward = reward
+        while len(self.step_rewards_by_key) < len(self.step_rewards):  # a step scored 0 without its tests
+            self.step_rewards_by_key.append({})
+        self.rewards_by_key = self._combine_by_key()
         last = self.verdicts[-1] if self.verdicts else None
-        info: dict[str, Any] = {"end_reason": reason, "task": task.name, "step_rewards": list(self.step_rewards)}
+        info: dict[str, Any] = {"end_reason": reason, "task": task.name, "step_rewards": list(self.step_rewards),
+                                "report": dict(self.report), "rewards": dict(self.rewards_by_key),
+                                "step_rewards_by_key": [dict(rewards) for rewards in self.step_rewards_by_key]}
+        if self.artifact_log is not None:
+            info["artifacts"] = self.artifact_log.to_info()
         if last is None:
             info["reward_problem"] = "no command ever ran: the task's tests were not run"
         else:
@@ -318,7 +372,9 @@ class HarborTerminalEnv(TextEnv):
             return self._machine
         task = self.harbor_task
         self._provisioner = provisioner(self.config)
+        self.report = {"image source": image_source(task), "backend": "-", "build": "-"}
         backend = resolve_backend(self.config.backend, task)
+        self.report.update(backend=backend, build="failed")
         try:
             started: Started = await self._provisioner.start(task, self.config, backend)
         except Exception:
@@ -326,9 +382,13 @@ class HarborTerminalEnv(TextEnv):
             self.container_error = True
             raise
         self._machine = started.machine
+        self.report.update({"image source": image_source(task),  # now with what stood in for public images
+                            "build": "replayed on the host" if backend == "bwrap" else f"ok ({started.build_s:.1f} s)"})
         self.timings.update(build_s=started.build_s, start_s=started.start_s, wait_s=started.wait_s)
         for warning in started.warnings:
             log.info("task %s: %s", task.name, warning)
+        if task.environment.healthcheck is not None:  # once, before anything of the agent's: a failure is an env error
+            await run_healthcheck(self._machine, task.environment.healthcheck, f"task {task.name}: the healthcheck")
         await self._start_step()
         return self._machine
 
@@ -336,6 +396,8 @@ class HarborTerminalEnv(TextEnv):
         assert self._machine is not None
         self.step_ready = False
         step = self.current_step
+        # As Harbor: the step's workdir/ files first, then its setup.sh, then its healthcheck.
+        await upload_step_workdir(self._machine, self.harbor_task, step)
         if step.setup_script is not None:
             # In a folder every backend can write (no process of the agent's runs now: the last verification
             # killed them), removed before the agent's next command.
@@ -346,6 +408,9 @@ class HarborTerminalEnv(TextEnv):
             if not result.ok:
                 raise TaskEnvironmentError(f"task {self.harbor_task.name}: setup of step {step.name} failed "
                                            f"(exit {result.exit_code}): {result.stderr.decode(errors='replace')[-800:]}")
+        if step.healthcheck is not None:
+            await run_healthcheck(self._machine, step.healthcheck,
+                                  f"task {self.harbor_task.name}: the healthcheck of step {step.name}")
         if self.oracle:
             await self._machine.put_files("/solution", self.harbor_task.solution_files(step))
         self.step_ready = True
@@ -388,7 +453,7 @@ class HarborTerminalEnv(TextEnv):
         except Exception:  # noqa: BLE001 - machines are swept by label/owner when their owner is gone
             log.warning("removing the task machine failed", exc_info=True)
         return StepResult([], 0.0, False, True, {"error": f"{type(exc).__name__}: {exc}",
-                                                 "task": self.task.get("name")})
+                                                 "task": self.task.get("name"), "report": dict(self.report)})
 
     # -- metrics and cleanup ------------------------------------------------------------------------
 
@@ -397,7 +462,9 @@ class HarborTerminalEnv(TextEnv):
                 "passed": float((self.final_reward or 0.0) >= 1.0), "steps_verified": float(len(self.verdicts)),
                 "agent_command_s": self.total_agent_seconds, "container_errors": float(self.container_error),
                 "verifier_timeouts": float(sum(v.timed_out for v in self.verdicts)),
-                "reward_file_missing": float(sum(v.source is None for v in self.verdicts))}
+                "reward_file_missing": float(sum(v.source is None for v in self.verdicts)),
+                **({"artifact_bytes": float(self.artifact_log.bytes)} if self.artifact_log else {}),
+                **{f"reward/{key}": value for key, value in self.rewards_by_key.items()}}
 
     async def _release_machine(self) -> None:
         machine, self._machine = self._machine, None
@@ -446,8 +513,12 @@ def resolve_backend(requested: str, task: HarborTask) -> str:
     problem = _docker_problem()
     if problem is None:
         return "docker"
-    if task.environment.base_packages_only and not task.environment.tests_run_agent_code:
+    compose = task.environment.compose
+    if task.environment.base_packages_only and not task.environment.tests_run_agent_code and compose is None:
         return "bwrap"
+    if compose is not None:
+        raise TaskEnvironmentError(f"task {task.name} needs Docker (its {compose.path.name} runs services beside the "
+                                   f"agent's machine) and {problem}; start an engine (scripts/setup.sh does)")
     raise TaskEnvironmentError(f"task {task.name} needs Docker and {problem}; start an engine (scripts/setup.sh does) "
                                "or give the task [metadata.skyrl] base_packages_only = true if the host's tools suffice")
 

@@ -13,16 +13,22 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from skyrl_sandbox import images
 from skyrl_sandbox.errors import SandboxError
 from skyrl_sandbox.machine import Machine, MachineSpec, start_machine
 
+from . import substitutes
+from .builds import TaskEnvironmentError, build_task_image, substituted
 from .config import HarborTerminalConfig
 from .dockerfile import BwrapRecipe, CopyStep, parse_dockerfile, plan_for_bwrap
 from .images import TERMINAL_IMAGE
+from .services import service_images, with_services
 from .task import HarborTask
 
 log = logging.getLogger(__name__)
@@ -30,10 +36,6 @@ log = logging.getLogger(__name__)
 DEFAULT_WORKDIR = "/app"
 _SYSTEM_FOLDERS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin", "/sys",
                    "/usr", "/var"}
-
-
-class TaskEnvironmentError(SandboxError):
-    """The task's environment cannot be built or started here; the message names the task."""
 
 
 @dataclass
@@ -63,6 +65,8 @@ class Provisioner:
             wait_s = time.monotonic() - waited
             built = time.monotonic()
             image = await self.image(task, config) if backend == "docker" else None
+            if backend == "docker":
+                await service_images(self, task, config)  # the compose services' images, built here too
             build_s = time.monotonic() - built
             await self._rate_limit()
             started = time.monotonic()
@@ -79,31 +83,18 @@ class Provisioner:
         """The task's image tag, built (once per process) from its Dockerfile, or its prebuilt image."""
         environment = task.environment
         if environment.docker_image and environment.context_dir is None:
-            if not await asyncio.to_thread(images.image_exists, environment.docker_image):
-                raise TaskEnvironmentError(
-                    f"task {task.name}: its image {environment.docker_image} is not on this Docker Engine, and nothing "
-                    f"is pulled; load it (docker load / docker build -t {environment.docker_image} ...) first")
-            return environment.docker_image
+            return await asyncio.to_thread(_prebuilt_image, task, config)
+        assert environment.context_dir is not None
         tag = task_image_tag(task)
-        build = self._builds.get(tag)
-        if build is None:
-            build = asyncio.ensure_future(self._build(task, config, tag))
-            self._builds[tag] = build
-        return await asyncio.shield(build)
+        return await self.build_once(tag, partial(
+            build_task_image, f"task {task.name}: its image", environment.context_dir, environment.dockerfile, tag,
+            config, timeout_s=environment.build_timeout_sec))
 
-    async def _build(self, task: HarborTask, config: HarborTerminalConfig, tag: str) -> str:
-        assert task.environment.context_dir is not None
-        logs = Path(config.build_logs or Path.home() / ".cache" / "skyrl" / "harbor" / "build-logs")
-        logs.mkdir(parents=True, exist_ok=True)
-        log_file = logs / f"{tag.replace('/', '_').replace(':', '_')}.log"
-        try:
-            return await asyncio.to_thread(
-                images.build_image, task.environment.context_dir, tag, dockerfile=task.environment.dockerfile,
-                base=TERMINAL_IMAGE, timeout_s=task.environment.build_timeout_sec, log_file=log_file,
-                progress=lambda line: log.debug("%s", line))
-        except SandboxError as exc:
-            raise TaskEnvironmentError(f"task {task.name}: its image did not build ({exc}); build log: {log_file}") \
-                from exc
+    def build_once(self, tag: str, build: Callable[[], Coroutine[Any, Any, str]]) -> Awaitable[str]:
+        """``build()``'s result for ``tag``, started at most once per process (a failure fails every later wait)."""
+        if tag not in self._builds:
+            self._builds[tag] = asyncio.ensure_future(build())
+        return asyncio.shield(self._builds[tag])
 
     async def _rate_limit(self) -> None:
         async with self._rate_lock:
@@ -124,7 +115,10 @@ class Provisioner:
             image=image, workdir=workdir, agent_user=agent_user, cpus=min(environment.cpus, config.max_cpus),
             memory_mb=min(environment.memory_mb, config.max_memory_mb),
             storage_mb=min(environment.storage_mb, config.max_storage_mb), max_processes=config.max_processes,
-            network=environment.allow_internet and config.allow_internet, env=recipe.env if recipe else {})
+            network=environment.allow_internet and config.allow_internet,
+            env={**(recipe.env if recipe else {}), **environment.env})  # [environment] env wins, as docker run -e does
+        if backend == "docker":
+            spec = with_services(spec, task, await service_images(self, task, config))
         machine = await start_machine(spec, backend)
         if recipe is not None:
             try:
@@ -135,6 +129,31 @@ class Provisioner:
         return machine
 
 
+def _prebuilt_image(task: HarborTask, config: HarborTerminalConfig) -> str:
+    """The task's ``docker_image`` when the engine has it, else its substitute (built once), else an error."""
+    image = task.environment.docker_image
+    assert image is not None
+    if substitutes.on_engine(image):
+        return image
+    problem = (f"task {task.name}: its image {image} is not on this Docker Engine, and nothing is pulled; load it "
+               f"(docker load / docker build -t {image} ...) first")
+    try:
+        substitute = substitutes.substitute_for(image)
+    except substitutes.UnavailableImage as exc:
+        raise TaskEnvironmentError(f"{problem} ({exc})") from None
+    if not substitutes.substitutes_enabled(config.substitute_images):
+        raise TaskEnvironmentError(f"{problem}, or let the offline base-image map build it from Debian "
+                                   f"{substitute.suite} packages (env.substitute_images=true)")
+    for warning in substitute.warnings:
+        log.warning("task %s: %s", task.name, warning)
+    log.info("task %s: %s is not on this engine; using its substitute %s", task.name, image, substitute.tag)
+    try:
+        return images.ensure_base_image(substitute.declare(), progress=lambda line: log.debug("%s", line))
+    except SandboxError as exc:
+        raise TaskEnvironmentError(f"task {task.name}: the substitute of its image {image} did not build ({exc})") \
+            from exc
+
+
 def task_image_tag(task: HarborTask) -> str:
     """A tag per task folder: its name, made tag-safe, and a hash of where it lives."""
     slug = re.sub(r"[^a-z0-9._-]+", "-", task.name.lower()).strip("-.") or "task"
@@ -142,9 +161,30 @@ def task_image_tag(task: HarborTask) -> str:
     return f"skyrl-harbor/{slug[:80]}:{where}"
 
 
+def image_source(task: HarborTask) -> str:
+    """Where the task's machine comes from, in words: the images its Dockerfile starts from (and what stood in
+    for them, once built), or its prebuilt image; and its compose services."""
+    environment = task.environment
+    if environment.context_dir is None:
+        source = f"prebuilt {environment.docker_image}"
+    else:
+        text = (environment.context_dir / environment.dockerfile).read_text(errors="replace")
+        uses = list(dict.fromkeys(use.ref for use in substitutes.image_uses(text)))
+        stood_in = substituted(task_image_tag(task))
+        source = "FROM " + (", ".join(uses) or "nothing") + (f" ({'; '.join(stood_in)})" if stood_in else "")
+    if environment.compose is not None:
+        source += f" + services {', '.join(environment.compose.service_names)}"
+    return source
+
+
 def bwrap_recipe(task: HarborTask) -> BwrapRecipe:
     """How to recreate the task's image without Docker; TaskEnvironmentError when that is not possible."""
     environment = task.environment
+    if environment.compose is not None:
+        raise TaskEnvironmentError(
+            f"task {task.name} needs Docker: its environment/{environment.compose.path.name} runs services "
+            f"({', '.join(environment.compose.service_names) or 'settings for main'}) beside the agent's machine, "
+            "which only the docker backend provides")
     if not environment.base_packages_only:
         raise TaskEnvironmentError(
             f"task {task.name} needs Docker: it does not declare [metadata.skyrl] base_packages_only = true, so the "

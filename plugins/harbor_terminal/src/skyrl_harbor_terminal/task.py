@@ -2,11 +2,17 @@
 
 Layout: ``task.toml``, ``instruction.md``, ``environment/Dockerfile`` (the build context is
 ``environment/``), ``tests/test.sh`` (+ helpers), optional ``solution/solve.sh``; a multi-step task
-adds ``[[steps]]`` tables and ``steps/<name>/`` folders. Where our behaviour differs from Harbor's:
+adds ``[[steps]]`` tables (with ``healthcheck`` and ``artifacts``) and ``steps/<name>/`` folders
+(``instruction.md``, ``tests/``, ``solution/``, ``setup.sh``, ``workdir/``). Where our behaviour
+differs from Harbor's:
 
 - ``allow_internet`` defaults to False (Harbor: True); the env decides what a task finally gets.
 - GPUs are never provided; a task asking for some loads with a warning.
-- ``[verifier] env`` values are kept verbatim: no ``${HOST_VAR}`` is filled from this machine.
+- ``[verifier] env`` and ``[environment] env`` values are kept verbatim: no ``${HOST_VAR}`` is
+  filled from this machine.
+- ``[environment] mcp_servers`` is read but not honoured (the agent has only a shell): a warning says so.
+- ``[metadata.skyrl] reward_weights`` (our extension) weights the keys of a ``reward.json`` that
+  has no ``reward`` key (see :mod:`.rewards`).
 - ``[metadata.skyrl] base_packages_only = true`` (our extension) declares that the Dockerfile needs
   nothing beyond the terminal base image's packages, so a backend without Docker may run it;
   ``tests_run_agent_code = true`` declares that the tests execute code the agent wrote (as the
@@ -19,6 +25,7 @@ import dataclasses
 import difflib
 import math
 import os
+import posixpath
 import re
 import warnings
 from dataclasses import dataclass
@@ -27,7 +34,9 @@ from typing import Any
 
 import tomllib
 
+from .compose import ComposeSpec, load_compose
 from .lint import lint_task
+from .rewards import weights_problem
 
 DEFAULT_TIMEOUT_SEC = 600.0
 DEFAULT_CPUS = 1.0
@@ -35,20 +44,31 @@ DEFAULT_MEMORY_MB = 2048
 DEFAULT_STORAGE_MB = 10240
 REWARD_STRATEGIES = ("mean", "final")
 SINGLE_STEP_NAME = "main"
+STEP_WORKDIR = "workdir"  # steps/<name>/workdir/: uploaded into the work directory before the step
+# Harbor's HealthcheckConfig numbers could not be confirmed; these are ours (Docker's HEALTHCHECK shape).
+HEALTHCHECK_INTERVAL_SEC = 5.0
+HEALTHCHECK_TIMEOUT_SEC = 30.0
+HEALTHCHECK_RETRIES = 3
+HEALTHCHECK_START_PERIOD_SEC = 0.0
+MAX_ARTIFACTS = 64
 
 _TOP_KEYS = {"version", "schema_version", "task", "metadata", "verifier", "agent", "solution",
-             "environment", "multi_step_reward_strategy", "steps"}
+             "environment", "multi_step_reward_strategy", "steps", "artifacts"}
 _TASK_KEYS = {"name", "description", "authors", "keywords"}
 _VERIFIER_KEYS = {"timeout_sec", "env", "user"}
 _AGENT_KEYS = {"timeout_sec", "user"}
 _SOLUTION_KEYS = {"env"}
 _ENVIRONMENT_KEYS = {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage",
-                     "storage_mb", "allow_internet", "gpus", "gpu_types", "workdir", "os"}
-_STEP_KEYS = {"name", "min_reward", "contributes_to_reward", "agent", "verifier"}
-_SKYRL_KEYS = {"base_packages_only", "tests_run_agent_code"}
+                     "storage_mb", "allow_internet", "gpus", "gpu_types", "workdir", "os", "env", "healthcheck",
+                     "mcp_servers", "artifacts"}
+_STEP_KEYS = {"name", "min_reward", "contributes_to_reward", "agent", "verifier", "healthcheck", "artifacts"}
+_SKYRL_KEYS = {"base_packages_only", "tests_run_agent_code", "reward_weights"}
+_HEALTHCHECK_KEYS = {"command", "interval_sec", "timeout_sec", "retries", "start_period_sec"}
+_ARTIFACT_KEYS = {"source", "destination"}
 
 _SCHEMA_RE = re.compile(r"1(\.\d+)*")
 _SAFE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B|I)?", re.IGNORECASE)
 _MB_PER_UNIT = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024.0}
 
@@ -68,6 +88,30 @@ class Author:
 
 
 @dataclass(frozen=True)
+class Healthcheck:
+    """A command (run as root by ``bash -c``) that must exit 0 before the agent starts: Harbor's HealthcheckConfig.
+
+    It is tried every ``interval_sec`` until it succeeds; a try that fails within ``start_period_sec``
+    of the first does not count, and the check fails at the ``retries + 1``-th counted failure. Each
+    try may run ``timeout_sec``.
+    """
+
+    command: str
+    interval_sec: float = HEALTHCHECK_INTERVAL_SEC
+    timeout_sec: float = HEALTHCHECK_TIMEOUT_SEC
+    retries: int = HEALTHCHECK_RETRIES
+    start_period_sec: float = HEALTHCHECK_START_PERIOD_SEC
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A path copied out of the machine after the agent's work on a step (Harbor's ``artifacts`` entry)."""
+
+    source: str  # absolute, normalised path in the machine
+    destination: str  # relative path under the episode's artifacts folder (default: source without the "/")
+
+
+@dataclass(frozen=True)
 class EnvironmentSpec:
     """How to build and size the task container (``[environment]`` plus ``environment/``)."""
 
@@ -83,6 +127,10 @@ class EnvironmentSpec:
     base_packages_only: bool
     gpus: int = 0  # asked for, never provided
     tests_run_agent_code: bool = False  # the tests execute the agent's code: Docker only
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # [environment] env: every command sees it
+    healthcheck: Healthcheck | None = None  # [environment] healthcheck: once, after the machine starts
+    mcp_servers: tuple[dict[str, Any], ...] = ()  # read, not honoured: the agent has only a shell
+    compose: ComposeSpec | None = None  # environment/docker-compose.yaml: services beside the machine (Docker only)
 
 
 @dataclass(frozen=True)
@@ -101,6 +149,9 @@ class Step:
     verifier_user: str | None
     min_reward: float | None  # stop the episode after this step when its reward is below
     contributes_to_reward: bool
+    workdir_dir: Path | None = None  # steps/<name>/workdir/: uploaded into the work directory before the step
+    healthcheck: Healthcheck | None = None  # run after the step's setup, before the agent's turns
+    artifacts: tuple[Artifact, ...] = ()  # collected after the agent's work on this step
 
 
 @dataclass(frozen=True)
@@ -118,6 +169,8 @@ class HarborTask:
     description: str = ""
     authors: tuple[Author, ...] = ()
     keywords: tuple[str, ...] = ()
+    artifacts: tuple[Artifact, ...] = ()  # task-level: collected after the agent's work on the last step reached
+    reward_weights: dict[str, float] | None = None  # [metadata.skyrl] reward_weights (see .rewards)
 
     def test_files(self, step: Step) -> dict[str, bytes]:
         """The contents of ``/tests`` for ``step``: relative POSIX path -> bytes, layers merged."""
@@ -129,6 +182,17 @@ class HarborTask:
     def solution_files(self, step: Step) -> dict[str, bytes]:
         """The reference solution for ``step`` (``solve.sh`` and its helpers); empty when it has none."""
         return _read_tree(step.solution_dir, self.path) if step.solution_dir else {}
+
+    def workdir_files(self, step: Step) -> tuple[dict[str, bytes], dict[str, int], list[str]]:
+        """``steps/<name>/workdir/`` of ``step``: (relative path -> bytes, relative path -> mode, empty folders)."""
+        if step.workdir_dir is None:
+            return {}, {}, []
+        files = _read_tree(step.workdir_dir, self.path)
+        modes = {name: (step.workdir_dir / name).resolve().stat().st_mode & 0o7777 for name in files}
+        empty = [Path(dirpath).relative_to(step.workdir_dir).as_posix()
+                 for dirpath, dirnames, filenames in os.walk(step.workdir_dir) if not dirnames and not filenames
+                 and Path(dirpath) != step.workdir_dir]
+        return files, modes, sorted(empty)
 
 
 def combine_rewards(strategy: str, step_rewards: list[float | None], contributes: list[bool]) -> float:
@@ -149,10 +213,14 @@ def combine_rewards(strategy: str, step_rewards: list[float | None], contributes
     return counted[-1] if strategy == "final" else sum(counted) / len(counted)
 
 
-def load_task(path: str | os.PathLike[str]) -> HarborTask:
-    """Read and check the task folder at ``path``; raises :class:`TaskFormatError`."""
+def load_task(path: str | os.PathLike[str], *, quiet: bool = False) -> HarborTask:
+    """Read and check the task folder at ``path``; raises :class:`TaskFormatError`.
+
+    Each warning is raised as a :class:`HarborTaskWarning` and kept in ``task.warnings``; ``quiet``
+    only keeps them (a dataset says them once per kind, see :mod:`.task_warnings`).
+    """
     task_dir = Path(path)
-    reader = _Reader(task_dir)
+    reader = _Reader(task_dir, quiet=quiet)
     data = _read_toml(task_dir)
     reader.check_keys(data, _TOP_KEYS, "top level")
     info = reader.table(data, "task", "[task]", _TASK_KEYS)
@@ -177,10 +245,13 @@ def load_task(path: str | os.PathLike[str]) -> HarborTask:
         description=reader.string(info, "description", "[task]") or "",
         authors=_authors(reader, info),
         keywords=tuple(reader.str_list(info, "keywords", "[task]")),
+        artifacts=_artifacts(reader, data, "top level") + _artifacts(reader, _table_or_empty(data, "environment"),
+                                                                     "[environment]"),
+        reward_weights=_reward_weights(reader, metadata),
     )
     task = HarborTask(**fields, warnings=tuple(reader.warnings))  # last: every check above may warn
     findings = [f"{task_dir}/{finding}" for finding in lint_task(task)]  # tests a policy can game (see .lint)
-    for finding in findings:
+    for finding in [] if quiet else findings:
         warnings.warn(finding, HarborTaskWarning, stacklevel=2)
     return dataclasses.replace(task, warnings=task.warnings + tuple(findings))
 
@@ -188,8 +259,9 @@ def load_task(path: str | os.PathLike[str]) -> HarborTask:
 class _Reader:
     """Typed access to task.toml values; errors and warnings name the task folder, table and key."""
 
-    def __init__(self, task_dir: Path) -> None:
+    def __init__(self, task_dir: Path, quiet: bool = False) -> None:
         self.task_dir = task_dir
+        self.quiet = quiet
         self.warnings: list[str] = []
 
     def error(self, where: str, message: str) -> TaskFormatError:
@@ -198,7 +270,8 @@ class _Reader:
     def warn(self, message: str) -> None:
         text = f"{self.task_dir / 'task.toml'}: {message}"
         self.warnings.append(text)
-        warnings.warn(text, HarborTaskWarning, stacklevel=4)
+        if not self.quiet:
+            warnings.warn(text, HarborTaskWarning, stacklevel=4)
 
     def check_keys(self, table: dict[str, Any], allowed: set[str], where: str) -> None:
         for key in table:
@@ -361,7 +434,9 @@ def _size_mb(reader: _Reader, table: dict[str, Any], key: str, default: int) -> 
 def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], metadata: dict[str, Any]) -> EnvironmentSpec:
     env = reader.table(data, "environment", "[environment]", _ENVIRONMENT_KEYS)
     docker_image = reader.string(env, "docker_image", "[environment]")
-    context_dir = _context_dir(task_dir, docker_image)
+    compose = load_compose(task_dir)
+    override = compose.main_source(docker_image) if compose else None  # main's build/image replaces the Dockerfile
+    context_dir, dockerfile, docker_image = override or (_context_dir(task_dir, docker_image), "Dockerfile", docker_image)
     workdir = reader.string(env, "workdir", "[environment]")
     if workdir is not None and not workdir.startswith("/"):
         raise reader.error("[environment]", f"workdir must be an absolute path, got {workdir!r}")
@@ -373,9 +448,16 @@ def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], met
     if gpus:
         reader.warn(f"[environment]: gpus = {gpus} is requested, but GPUs are not provided to task containers")
     skyrl = reader.table(metadata, "skyrl", "[metadata.skyrl]", _SKYRL_KEYS)
+    mcp_servers = env.get("mcp_servers", [])
+    if not isinstance(mcp_servers, list) or not all(isinstance(item, dict) for item in mcp_servers):
+        raise reader.error("[environment]", f"mcp_servers must be a list of tables ([[environment.mcp_servers]]), "
+                                            f"got {_describe(mcp_servers)}")
+    if mcp_servers:
+        reader.warn(f"[environment]: mcp_servers ({len(mcp_servers)}) is read but not honoured: the agent has "
+                    "only a shell, no MCP client")
     return EnvironmentSpec(
         context_dir=context_dir,
-        dockerfile="Dockerfile",
+        dockerfile=dockerfile,
         docker_image=docker_image,
         workdir=workdir,
         build_timeout_sec=reader.number(env, "build_timeout_sec", "[environment]", DEFAULT_TIMEOUT_SEC),
@@ -386,6 +468,10 @@ def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], met
         base_packages_only=reader.boolean(skyrl, "base_packages_only", "[metadata.skyrl]", False),
         gpus=gpus,
         tests_run_agent_code=reader.boolean(skyrl, "tests_run_agent_code", "[metadata.skyrl]", False),
+        env=_environment_variables(reader, env),
+        healthcheck=_healthcheck(reader, env, "[environment]"),
+        mcp_servers=tuple(dict(item) for item in mcp_servers),
+        compose=compose,
     )
 
 
@@ -450,10 +536,13 @@ def _parse_step(task_dir: Path, reader: _Reader, index: int, table: dict[str, An
     setup = step_dir / "setup.sh"
     if setup.is_file():
         _check_inside(setup, task_dir.resolve())
-    return _step(name, _read_text(step_dir / "instruction.md", task_dir), tests_dirs,
+    step = _step(name, _read_text(step_dir / "instruction.md", task_dir), tests_dirs,
                  _solution_dir(step_dir), setup if setup.is_file() else None, overrides,
                  None if min_reward is None else float(min_reward),
                  reader.boolean(table, "contributes_to_reward", where, True))
+    return dataclasses.replace(step, workdir_dir=_step_workdir(task_dir, step_dir),
+                               healthcheck=_healthcheck(reader, table, where),
+                               artifacts=_artifacts(reader, table, where))
 
 
 def _step(name: str, instruction: str, tests_dirs: tuple[Path, ...], solution_dir: Path | None,
@@ -463,6 +552,118 @@ def _step(name: str, instruction: str, tests_dirs: tuple[Path, ...], solution_di
                 agent_user=settings.agent_user, verifier_timeout_sec=settings.verifier_timeout_sec,
                 verifier_env=dict(settings.verifier_env), verifier_user=settings.verifier_user,
                 min_reward=min_reward, contributes_to_reward=contributes)
+
+
+def _step_workdir(task_dir: Path, step_dir: Path) -> Path | None:
+    """``steps/<name>/workdir/`` when the step has one; every file in it must stay inside the task folder."""
+    folder = step_dir / STEP_WORKDIR
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    if not folder.is_dir():
+        raise TaskFormatError(f"{folder}: must be a folder (its files are uploaded into the work directory)")
+    boundary = task_dir.resolve()
+    _check_inside(folder, boundary)
+    for dirpath, dirnames, filenames in os.walk(folder):
+        base = Path(dirpath)
+        for name in dirnames:
+            if (base / name).is_symlink():
+                raise TaskFormatError(f"{base / name}: symlinked folders are not supported in a task")
+        for name in filenames:
+            if not _check_inside(base / name, boundary).is_file():
+                raise TaskFormatError(f"{base / name}: not a regular file")
+    return folder
+
+
+def _table_or_empty(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _seconds(reader: _Reader, table: dict[str, Any], key: str, where: str, default: float) -> float:
+    """A finite number of seconds in [0, 3600]."""
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+        raise reader.error(where, f"{key} must be a number of seconds from 0 to 3600, got {_describe(value)}")
+    return float(value)
+
+
+def _healthcheck(reader: _Reader, parent: dict[str, Any], where: str) -> Healthcheck | None:
+    """``healthcheck = {command = "...", interval_sec, timeout_sec, retries, start_period_sec}``, or None."""
+    if "healthcheck" not in parent:
+        return None
+    where = f"{where} healthcheck"
+    table = reader.table(parent, "healthcheck", where, _HEALTHCHECK_KEYS)
+    command = reader.string(table, "command", where)
+    if command is None or not command.strip():
+        raise reader.error(where, "needs a command: a shell command that exits 0 once the environment is ready")
+    timeout = _seconds(reader, table, "timeout_sec", where, HEALTHCHECK_TIMEOUT_SEC)
+    if timeout <= 0:
+        raise reader.error(where, f"timeout_sec must be above 0, got {timeout:g}")
+    retries = reader.integer(table, "retries", where, HEALTHCHECK_RETRIES, minimum=0)
+    if retries > 100:
+        raise reader.error(where, f"retries must be at most 100, got {retries}")
+    return Healthcheck(command=command, interval_sec=_seconds(reader, table, "interval_sec", where,
+                                                              HEALTHCHECK_INTERVAL_SEC),
+                       timeout_sec=timeout, retries=retries,
+                       start_period_sec=_seconds(reader, table, "start_period_sec", where,
+                                                 HEALTHCHECK_START_PERIOD_SEC))
+
+
+def _artifacts(reader: _Reader, parent: dict[str, Any], where: str) -> tuple[Artifact, ...]:
+    """``artifacts = ["/app/out", {source = "/app/log", destination = "logs/app"}]``: absolute sources."""
+    raw = parent.get("artifacts", [])
+    if not isinstance(raw, list):
+        raise reader.error(where, f"artifacts must be a list of paths or {{source, destination}} tables, "
+                                  f"got {_describe(raw)}")
+    if len(raw) > MAX_ARTIFACTS:
+        raise reader.error(where, f"artifacts lists {len(raw)} paths; at most {MAX_ARTIFACTS} are allowed")
+    found = []
+    for index, entry in enumerate(raw):
+        at = f"{where} artifacts[{index}]"
+        if isinstance(entry, str):
+            source, destination = entry, None
+        elif isinstance(entry, dict):
+            reader.check_keys(entry, _ARTIFACT_KEYS, at)
+            source, destination = reader.string(entry, "source", at), reader.string(entry, "destination", at)
+            if source is None:
+                raise reader.error(at, "needs a source (an absolute path in the machine)")
+        else:
+            raise reader.error(at, f"must be a path or a {{source, destination}} table, got {_describe(entry)}")
+        if not source.startswith("/") or "\0" in source or ".." in source.split("/"):
+            raise reader.error(at, f"source must be an absolute path without '..' parts, got {source!r}")
+        source = posixpath.normpath(source)
+        if source in ("/", "//"):
+            raise reader.error(at, "source must name a file or folder, not /")
+        destination = source.lstrip("/") if destination is None else destination
+        parts = destination.split("/")
+        if destination.startswith("/") or "\0" in destination or any(part in ("..", ".") for part in parts):
+            raise reader.error(at, f"destination must be a relative path without '.' or '..' parts, "
+                                   f"got {destination!r}")
+        found.append(Artifact(source, posixpath.normpath(destination)))
+    return tuple(found)
+
+
+def _environment_variables(reader: _Reader, env: dict[str, Any]) -> dict[str, str]:
+    """``[environment] env``: variable names as a shell takes them, values verbatim."""
+    variables = reader.str_dict(env, "env", "[environment]")
+    for name, value in variables.items():
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise reader.error("[environment]", f"env.{name} is not a variable name (letters, digits, '_')")
+        if "\0" in value:
+            raise reader.error("[environment]", f"env.{name} holds a NUL character")
+    return variables
+
+
+def _reward_weights(reader: _Reader, metadata: dict[str, Any]) -> dict[str, float] | None:
+    """``[metadata.skyrl] reward_weights``: finite weights >= 0, at least one above 0; None when absent."""
+    skyrl = reader.table(metadata, "skyrl", "[metadata.skyrl]")
+    if "reward_weights" not in skyrl:
+        return None
+    weights = skyrl["reward_weights"]
+    problem = weights_problem(weights)
+    if problem:
+        raise reader.error("[metadata.skyrl]", f"reward_weights {problem}")
+    return {key: float(value) for key, value in weights.items()}
 
 
 def _solution_dir(folder: Path) -> Path | None:

@@ -11,21 +11,25 @@ verifier ``env``, never the agent shell's, a private ``TMPDIR``, and ``PYTHONSAF
 ``PYTHONNOUSERSITE=1``, so ``python -m pytest`` imports nothing from the current folder (where an
 agent's ``pytest.py`` would run in place of the tests) nor from a user's site folder.
 Processes the tests leave are killed before the reward file is read (as root, without following a
-symlink). ``reward.txt`` holds one number; ``reward.json`` an object whose ``reward`` (or only)
-value is a number. A missing or malformed reward gives 0 and says why.
+symlink). ``reward.txt`` holds one number; ``reward.json`` an object of named numbers, as Harbor
+keeps rewards: its ``reward`` key is the reward when present, else the weighted mean of its keys
+(:mod:`.rewards` has the rule, the weights and what is refused). A missing or malformed reward
+gives 0 and says why; each key's value comes back in :attr:`Verdict.rewards`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from skyrl_sandbox.errors import ProcessesSurvived
 from skyrl_sandbox.machine import Machine
 
+from .rewards import parse_reward
 from .task import HarborTask, Step
+
+__all__ = ["TESTS_DIR", "VERIFIER_PYTHON_ENV", "Verdict", "parse_reward", "verify"]
 
 # TMPDIR of the tests: a fresh /tmp-like folder holding nothing of the agent's (what it left in /tmp could be
 # symlinks that a root test writing there would follow).
@@ -58,10 +62,15 @@ class Verdict:
     output_tail: str
     duration_s: float
     agent_failure: str | None = None  # the agent left the machine in a state the tests cannot be trusted in
+    rewards: dict[str, float] = field(default_factory=dict)  # each key of the reward file (see .rewards)
 
 
-async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: float, cwd: str = TESTS_DIR) -> Verdict:
-    """Run the step's tests in ``machine`` (``cwd``: where test.sh starts) and read their reward."""
+async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: float, cwd: str = TESTS_DIR,
+                 weights: Mapping[str, float] | None = None) -> Verdict:
+    """Run the step's tests in ``machine`` (``cwd``: where test.sh starts) and read their reward.
+
+    ``weights`` weight the keys of a ``reward.json`` without a ``reward`` key (None: equal weights).
+    """
     started = time.monotonic()
     try:
         await machine.kill_processes()
@@ -84,50 +93,19 @@ async def verify(machine: Machine, task: HarborTask, step: Step, timeout_s: floa
     reward_txt = await machine.read_file("/logs/verifier/reward.txt", _MAX_REWARD_FILE)
     reward_json = None if reward_txt is not None else await machine.read_file("/logs/verifier/reward.json",
                                                                                _MAX_REWARD_FILE)
-    reward, source, problem = parse_reward(reward_txt, reward_json)
+    reading = parse_reward(reward_txt, reward_json, weights)
+    reward, source, problem, rewards = reading.reward, reading.source, reading.problem, reading.rewards
     # The next step of a multi-step task must not see these tests or their results.
     await machine.exec(["sh", "-c", _PREPARE], cwd="/", timeout_s=60)
     if result.timed_out:  # unfinished tests pass nothing, whatever reward they wrote before they were killed
-        reward, source = 0.0, None
+        reward, source, rewards = 0.0, None, {}
         problem = f"the tests ran past their timeout ({timeout_s:g} s) and were killed: reward 0" + (
             f"; {problem}" if problem else "")
     output = (result.stdout + result.stderr).decode("utf-8", "replace")
     return Verdict(reward, source, problem, result.exit_code, result.timed_out, output[-_OUTPUT_TAIL:],
-                   time.monotonic() - started)
+                   time.monotonic() - started, rewards=rewards)
 
 
 def _survived(exc: ProcessesSurvived, when: str, started: float) -> Verdict:
     problem = f"processes in the machine survived being killed {when}: reward 0 ({exc})"
     return Verdict(0.0, None, problem, None, False, "", time.monotonic() - started, agent_failure=problem)
-
-
-def parse_reward(reward_txt: bytes | None, reward_json: bytes | None) -> tuple[float, str | None, str | None]:
-    """(reward in [0, 1], the file it came from, a problem in words or None)."""
-    if reward_txt is not None:
-        text = reward_txt.decode("utf-8", "replace").strip()
-        try:
-            value = float(text)
-        except ValueError:
-            return 0.0, None, f"/logs/verifier/reward.txt does not hold a number: {text[:80]!r}"
-        return _bounded(value, "reward.txt")
-    if reward_json is not None:
-        try:
-            data = json.loads(reward_json)
-        except ValueError as exc:
-            return 0.0, None, f"/logs/verifier/reward.json is not JSON: {exc}"
-        if isinstance(data, dict):
-            value = data.get("reward", next(iter(data.values())) if len(data) == 1 else None)
-        else:
-            value = data
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return 0.0, None, "/logs/verifier/reward.json has no numeric 'reward' (nor a single numeric value)"
-        return _bounded(float(value), "reward.json")
-    return 0.0, None, "the tests wrote no /logs/verifier/reward.txt or reward.json"
-
-
-def _bounded(value: float, source: str) -> tuple[float, str | None, str | None]:
-    if not math.isfinite(value):
-        return 0.0, None, f"{source} holds {value}, not a finite number"
-    if value < 0.0 or value > 1.0:
-        return min(max(value, 0.0), 1.0), source, f"{source} holds {value:g}, clipped to [0, 1]"
-    return value, source, None

@@ -1,0 +1,70 @@
+"""Building a task's images (its own, and its compose services'), the one way both are built.
+
+Offline unless ``build_network``; public ``FROM`` images replaced by their offline substitutes
+(:mod:`.substitutes`) where the engine lacks them; rebuilt only when the folder, the Dockerfile as
+sent or the build args change; one build log per image. A build that fails offline in a way that
+looks like a missing network says so and how to fix it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from skyrl_sandbox import images
+from skyrl_sandbox.errors import SandboxError
+
+from . import substitutes
+from .config import HarborTerminalConfig
+from .images import TERMINAL_IMAGE
+
+log = logging.getLogger(__name__)
+_substituted: dict[str, tuple[str, ...]] = {}  # image tag -> "ref: Debian suite" for each image its build substituted
+
+
+class TaskEnvironmentError(SandboxError):
+    """The task's environment cannot be built or started here; the message names the task."""
+
+
+def build_log_path(config: HarborTerminalConfig, tag: str) -> Path:
+    """Where the build of ``tag`` logs (``env.build_logs``, else ``~/.cache/skyrl/harbor/build-logs``)."""
+    logs = Path(config.build_logs or Path.home() / ".cache" / "skyrl" / "harbor" / "build-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs / f"{tag.replace('/', '_').replace(':', '_')}.log"
+
+
+def substituted(tag: str) -> tuple[str, ...]:
+    """What stood in for the public images of ``tag``'s build in this process (empty before it is built)."""
+    return _substituted.get(tag, ())
+
+
+async def build_task_image(what: str, context: Path, dockerfile: str, tag: str, config: HarborTerminalConfig, *,
+                           timeout_s: float, buildargs: Mapping[str, str] | None = None) -> str:
+    """Build ``context/dockerfile`` as ``tag``; ``what`` names the image in errors ("task t: its image")."""
+    log_file = build_log_path(config, tag)
+    network = substitutes.build_network_enabled(config.build_network)
+
+    def say(line: str) -> None:
+        log.debug("%s", line)
+
+    try:
+        plan = await asyncio.to_thread(substitutes.plan_build, context / dockerfile,
+                                       enabled=substitutes.substitutes_enabled(config.substitute_images))
+        _substituted[tag] = tuple(f"{s.ref}: a stand-in from Debian {s.suite}" for s in plan.substitutes)
+        for warning in plan.warnings:
+            log.warning("%s: %s", what, warning)
+        for substitute in plan.substitutes:  # FROM lines would build them too; COPY --from would not
+            await asyncio.to_thread(images.ensure_base_image, substitute.tag, progress=say)
+        return await asyncio.to_thread(
+            images.build_image, context, tag, dockerfile=dockerfile, base=TERMINAL_IMAGE, timeout_s=timeout_s,
+            log_file=log_file, progress=say, dockerfile_text=plan.text, network=network, notes=plan.notes,
+            buildargs=dict(buildargs) if buildargs else None)
+    except SandboxError as exc:
+        hint = None if network else substitutes.offline_build_hint(str(exc))
+        if hint and log_file.exists():
+            with log_file.open("a", encoding="utf-8") as handle:
+                handle.write(f"hint: {hint}\n")
+        raise TaskEnvironmentError(f"{what} did not build ({exc})" + (f". {hint}" if hint else "")
+                                   + f"; build log: {log_file}") from exc
