@@ -16,7 +16,7 @@ TASKS = [{"n": 1}]
 
 def test_good_env_passes():
     report = check_env(CountdownEnv, tasks=TASKS, config={"max_turns": 3})
-    assert not report.failed and {"gold[0]", "action:empty_at_turn_limit"} <= set(report.passed)
+    assert not report.failed and {"gold[row 1]", "action:empty_at_turn_limit"} <= set(report.passed)
 
 
 class RaisesOnGarbage(CountdownEnv):
@@ -67,7 +67,7 @@ class NeverEnds(CountdownEnv):
 @pytest.mark.parametrize("env_cls, expected", [
     (RaisesOnGarbage, "action:garbage: a bad action must get an observation, not an infrastructure error"),
     (Random, "determinism: the same seed"),
-    (WrongGold, "gold[0]: the gold actions did not terminate"),
+    (WrongGold, "gold[row 1]: the gold actions did not terminate"),
     (Unpicklable, "pickle: raised TypeError"),
     (SilentOnBadAction, "got no observation"),
     (NeverEnds, "turn_limit: episode still running after max_turns=3"),

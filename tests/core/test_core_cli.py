@@ -42,7 +42,7 @@ def test_listing_imports_no_heavy_module():
 def test_check_passes_a_good_env_and_reports_each_check(skyrl_cli):
     result = skyrl_cli("check", "reverse_text")
     assert result.exit_code == 0
-    assert "PASS  gold[0] (train-0)" in result.output and "PASS  action:huge" in result.output
+    assert "PASS  gold[row 1] (train-0)" in result.output and "PASS  action:huge" in result.output
     assert "0 failed" in result.output
 
 
@@ -108,3 +108,21 @@ def test_rollout_takes_the_engine_from_the_config_file_unless_given(skyrl_cli, r
     assert len(list(read_jsonl(out))) == 1
     result = skyrl_cli("rollout", "--env", "reverse_text", "--config", str(config), "--engine", "no_such_engine")
     assert result.exit_code == 2 and "no_such_engine" in result.output
+
+
+def test_version_lists_core_and_each_plugin_distribution(skyrl_cli):
+    from importlib import metadata
+
+    result = skyrl_cli("--version")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"skyrl-core {metadata.version('skyrl-core')} (Python ")
+    assert f"  skyrl-reverse-text {metadata.version('skyrl-reverse-text')}" in lines  # an installed plugin
+
+
+def test_a_malformed_config_file_names_the_file_and_line(skyrl_cli, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("env:\n  max_turns: 3\n trainer: {lr: 1\n")
+    result = skyrl_cli("run", "--env", "reverse_text", "--trainer", "fsdp_grpo", "--config", str(config))
+    assert result.exit_code == 2
+    assert f"{config}:3:2: config file is not valid YAML" in result.output and "<unicode string>" not in result.output

@@ -72,6 +72,20 @@ def test_missing_or_invalid_yaml_file(tmp_path):
         load_yaml(bad)
 
 
+def test_malformed_yaml_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "run.yaml"
+    bad.write_text("env:\n  max_turns: 3\n  id: x: y\n")
+    with pytest.raises(ConfigError) as caught:
+        load_yaml(bad)
+    message = str(caught.value)
+    assert message.startswith(f"{bad}:3:") and "mapping values are not allowed here" in message
+    assert "3 |   id: x: y" in message and "<unicode string>" not in message
+    with pytest.raises(ConfigError) as caught:
+        parse_overrides(["trainer.lr=[1"])
+    assert "override 'trainer.lr=[1': value is not valid YAML" in str(caught.value)
+    assert "<unicode string>" not in str(caught.value)
+
+
 def test_env_spec_can_name_its_default_generator(skyrl_plugin_manager, register_skyrl_plugin):
     from skyrl_core import EnvSpec, GeneratorSpec, hookimpl
 

@@ -106,3 +106,21 @@ def test_an_env_without_a_dataset_option_takes_jsonl_rows_and_refuses_a_folder(s
     assert "reads no dataset path (it declares no dataset_option)" in refused.output
     empty = skyrl_cli("check", "folder_qa", "--dataset", str(_folder(tmp_path, {})))
     assert empty.exit_code != 0 and "no tasks in this dataset" in empty.output
+
+
+def test_a_row_has_one_number_in_every_message(skyrl_cli, register_skyrl_plugin, tmp_path):
+    """Rows count from 1: a file error, the --dataset table and the oracle all call the second row 'row 2'."""
+    register_skyrl_plugin(Plugin())
+    rows = tmp_path / "rows.jsonl"
+    good = json.dumps({"prompt": "1+1", "answer": "2"})
+    rows.write_text(good + "\n" + json.dumps({"prompt": "2+2", "answer": "4"}) + "\n")
+    table = skyrl_cli("check", "rows_qa", "--dataset", str(rows), "--json")
+    assert [row["task"] for row in json.loads(table.output[table.output.index("{"):])["rows"]] == ["row 1", "row 2"]
+    oracle = skyrl_cli("rollout", "--env", "rows_qa", "--oracle", "--tasks", str(rows), "--out", str(tmp_path / "o.jsonl"))
+    assert oracle.exit_code == 0 and "oracle solved all 2 task(s)" in oracle.output
+    rows.write_text(good + "\n[1, 2]\n")
+    broken = skyrl_cli("check", "rows_qa", "--dataset", str(rows))
+    assert broken.exit_code != 0 and "rows.jsonl: row 2 must be a JSON object" in broken.output
+    rows.write_text(good + "\n\n[1, 2]\n")  # a blank line: the row number stays, the file line is added
+    broken = skyrl_cli("check", "rows_qa", "--dataset", str(rows))
+    assert "rows.jsonl: row 2 (line 3) must be a JSON object" in broken.output

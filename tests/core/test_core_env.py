@@ -136,7 +136,7 @@ def test_env_pickles_for_remote_workers():
 
 
 def test_gymnasium_make_under_the_skyrl_namespace():
-    env = gymnasium.make("skyrl_core.gym:skyrl/reverse_text", task={"text": "abc"})
+    env = gymnasium.make("skyrl_core.gym:skyrl/reverse_text-v0", task={"text": "abc"})
     obs, _ = env.reset(seed=0)
     assert obs[-1] == {"role": "user", "content": "abc"}
     assert env.step("<answer>cba</answer>")[1:3] == (1.0, True)
@@ -165,6 +165,12 @@ def test_trajectory_tree_round_trips_through_jsonl(tmp_path):
     assert loaded.roots() == [root] and loaded.children_of(root.id) == [child]
     assert loaded.trajectories[0].rewards == [1.0]
     assert loaded.trajectories[0].policy_versions == [2, -1, 3] and loaded.trajectories[0].oldest_policy_version == 2
+    # each record carries the trajectory-level token_source and trainable, derived from its turns
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["token_source"], r["trainable"]) for r in records] == [("exact", True), ("exact", True)]
+    chat = Trajectory(turns=[Turn("a", [], token_source="exact"), Turn("b", [], token_source="text")])
+    assert (chat.to_dict()["token_source"], chat.to_dict()["trainable"]) == ("text", False)
+    assert Trajectory.from_dict(chat.to_dict()) == chat
 
 
 def test_records_written_before_policy_versions_existed_still_load(tmp_path):

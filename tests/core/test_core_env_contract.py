@@ -68,7 +68,7 @@ def test_the_old_tutorial_reward_hack_is_caught() -> None:
 def test_the_tutorial_pays_once_and_passes_every_check() -> None:
     report = check_env("reverse_text", tasks=TASKS, config={"max_turns": 2})
     assert {"episode:hostile", "episode:wrong_then_gold", "episode:near_miss_then_gold", "gymnasium",
-            "prompt[0]", "gold[0]"} <= set(report.passed)
+            "prompt[row 1]", "gold[row 1]"} <= set(report.passed)
     env = ReverseTextEnv(task=TASKS[0], config={"max_turns": 2})
     env.reset(seed=0)
     rewards = [env.step("<answer>elpxa</answer>").reward, env.step("<answer>elppa</answer>").reward]
@@ -95,7 +95,7 @@ def test_skip_lets_a_judged_env_pass_and_reports_what_was_skipped() -> None:
         check_env(JudgedEnv, tasks=TASKS, config={"max_turns": 2})
     report = check_env(JudgedEnv, tasks=TASKS, config={"max_turns": 2}, skip={"determinism"})
     assert report.skipped == ["determinism"] and "gymnasium" in report.passed and not report.failed
-    assert check_env(JudgedEnv, tasks=TASKS, skip={"determinism", "gold"}).skipped == ["determinism", "gold[0]"]
+    assert check_env(JudgedEnv, tasks=TASKS, skip={"determinism", "gold"}).skipped == ["determinism", "gold[row 1]"]
 
 
 def test_an_unknown_skip_name_is_an_error_with_a_suggestion() -> None:
@@ -127,10 +127,29 @@ def test_check_all_rows_names_each_failing_row(skyrl_cli, register_skyrl_plugin)
     result = skyrl_cli("check", "two_bad_rows", "--all-rows")
     assert result.exit_code == 1
     failing = sorted(line.split(":")[0] for line in result.output.splitlines() if line.startswith("FAIL"))
-    assert failing == ["FAIL  gold[1] (no-text)", "FAIL  gold[3] (bad-gold)", "FAIL  prompt[1] (no-text)"]
+    assert failing == ["FAIL  gold[row 4] (bad-gold)", "FAIL  prompt[row 2] (no-text)"]
     assert "reverse_text task needs a non-empty 'text' field" in result.output
-    assert "PASS  gold[2] (ok-2)" in result.output and "PASS  prompt[3] (bad-gold)" in result.output
-    assert "0 passed" not in result.output and "3 failed" in result.output
+    assert "PASS  gold[row 3] (ok-2)" in result.output and "PASS  prompt[row 4] (bad-gold)" in result.output
+    assert "SKIP  gold[row 2] (no-text)" in result.output  # a row whose prompt fails plays no gold episode
+    assert "bad rows (2): row 2 (no-text), row 4 (bad-gold)" in result.output
+    assert "0 passed" not in result.output and "2 failed" in result.output
+
+
+class BadFirstRowEnv(TwoBadRowsEnv):
+    @classmethod
+    def load_dataset(cls, split: str = "train", config: Any = None) -> list[dict[str, Any]]:
+        return [{"id": "no-text"}, {"text": "ab"}, {"text": ""}]
+
+
+def test_all_rows_checks_every_prompt_first_and_plays_the_rest_on_a_good_row() -> None:
+    report = check_env(BadFirstRowEnv, n_tasks=0, raise_on_failure=False)
+    assert [line.split(":")[0] for line in report.failed] == ["prompt[row 1] (no-text)", "prompt[row 3]"]
+    assert report.bad_rows == ["row 1 (no-text)", "row 3"]
+    assert {"pickle", "determinism", "gymnasium", "episode:hostile", "gold[row 2]"} <= set(report.passed)
+    assert {"gold[row 1]", "gold[row 3]"} <= set(report.skipped)
+    nothing_builds = check_env(BadFirstRowEnv, tasks=[{"id": "x"}], raise_on_failure=False)
+    assert nothing_builds.failed == ["prompt[row 1] (x): raised ValueError: reverse_text task needs a non-empty 'text' field"]
+    assert "pickle" in nothing_builds.skipped and not nothing_builds.passed
 
 
 def test_check_skip_option_and_its_errors(skyrl_cli) -> None:

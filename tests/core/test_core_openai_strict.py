@@ -5,6 +5,7 @@ episode failed exits non-zero."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -99,6 +100,13 @@ async def test_chat_mode_rollout_needs_no_tokenizer_and_marks_trajectories_untra
         assert [m["content"] for m in t.messages if m["role"] == "assistant"] == [turn.action for turn in t.turns]
     batch.to_jsonl(tmp_path / "chat.jsonl")
     assert all(t.token_source == "text" and not t.trainable for t in TrajectoryBatch.from_jsonl(tmp_path / "chat.jsonl"))
+    records = [json.loads(line) for line in (tmp_path / "chat.jsonl").read_text().splitlines()]
+    assert [(r["token_source"], r["trainable"]) for r in records] == [("text", False)] * 4  # as documented
+    # chat mode has no model tokens: lengths and speed are counted in characters, under names that say so
+    chars = sum(len(turn.action) for t in batch for turn in t.turns)
+    assert batch.metrics["rollout/response_chars_mean"] == chars / 4
+    assert batch.metrics["rollout/generated_chars_per_second"] > 0
+    assert not {"rollout/response_tokens_mean", "rollout/generated_tokens_per_second"} & set(batch.metrics)
 
 
 def test_cli_rollout_in_chat_mode_prints_the_reward_summary(served_model, tmp_path, skyrl_cli):
@@ -108,7 +116,8 @@ def test_cli_rollout_in_chat_mode_prints_the_reward_summary(served_model, tmp_pa
                        "generator.max_tokens_per_turn=40", env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "rollout summary" in result.output and "reward/mean" in result.output
-    assert "wrote 2 trajectories" in result.output
+    assert "wrote 2 trajectories" in result.output and "rollout/response_chars_mean" in result.output
+    assert "tokens" not in result.output  # no count of tokens where there are none
     assert all(not t.trainable for t in TrajectoryBatch.from_jsonl(out))
 
 

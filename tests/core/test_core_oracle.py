@@ -119,7 +119,7 @@ def test_task_name_prefers_name_then_id_then_task_id_then_the_index():
     assert task_name({"name": "n", "id": "i", "task_id": "t"}, 3) == "n"
     assert task_name({"id": 7, "task_id": "t"}, 3) == "7"
     assert task_name({"task_id": "t", "name": ""}, 3) == "t"
-    assert task_name({"question": "?"}, 3) == "#3"
+    assert task_name({"question": "?"}, 3) == "row 4"  # 1-based, like every message about a row
 
 
 def test_play_gold_scores_each_row_in_row_order_with_a_sync_env():
@@ -287,21 +287,21 @@ def test_check_names_each_gold_check_by_its_task(skyrl_cli, register_skyrl_plugi
     register_skyrl_plugin(OracleEnvsPlugin())
     result = skyrl_cli("check", "arith", "--n-tasks", "0")
     assert result.exit_code == 1, result.output
-    assert "PASS  gold[0] (add)" in result.output and "PASS  gold[1] (mul)" in result.output
-    assert "FAIL  gold[2] (broken-task): the gold actions scored 0, expected the top of reward_range 1" in result.output
+    assert "PASS  gold[row 1] (add)" in result.output and "PASS  gold[row 2] (mul)" in result.output
+    assert "FAIL  gold[row 3] (broken-task): the gold actions scored 0, expected the top of reward_range 1" in result.output
     assert "1 failed" in result.output
     two = skyrl_cli("check", "arith")  # default: the first 2 rows
-    assert two.exit_code == 0 and "gold[1] (mul)" in two.output and "gold[2]" not in two.output
+    assert two.exit_code == 0 and "gold[row 2] (mul)" in two.output and "gold[row 3]" not in two.output
     assert skyrl_cli("check", "arith", "--n-tasks", "-1").exit_code == 2
 
 
 def test_check_env_keeps_stable_ids_and_labels_the_gold_checks():
     report = check_env(ArithmeticEnv, n_tasks=2)
-    assert {"gold[0]", "gold[1]"} <= set(report.passed) and not report.failed
-    assert report.label("gold[1]") == "gold[1] (mul)" and report.label("pickle") == "pickle"
+    assert {"gold[row 1]", "gold[row 2]"} <= set(report.passed) and not report.failed
+    assert report.label("gold[row 2]") == "gold[row 2] (mul)" and report.label("pickle") == "pickle"
     nameless = check_env(ArithmeticEnv, tasks=[{"a": 1, "b": 1, "op": "+"}])
-    assert nameless.label("gold[0]") == "gold[0]"
-    with pytest.raises(EnvCheckError, match=r"gold\[2\] \(broken-task\): the gold actions scored 0"):
+    assert nameless.label("gold[row 1]") == "gold[row 1]"
+    with pytest.raises(EnvCheckError, match=r"gold\[row 3\] \(broken-task\): the gold actions scored 0"):
         check_env(ArithmeticEnv, n_tasks=0)
 
 
@@ -309,8 +309,8 @@ def test_check_env_skips_a_task_without_gold_and_fails_one_whose_env_raises():
     report = check_env(FlakyEnv, tasks=[{"name": "none", "a": 1, "b": 1, "op": "+", "fail": "no_gold"},
                                         {"name": "boom", "a": 1, "b": 1, "op": "+", "fail": "gold"}],
                        raise_on_failure=False)
-    assert "gold[0]" in report.skipped
-    assert "gold[1] (boom): error: FileNotFoundError: solve.sh" in report.failed
+    assert "gold[row 1]" in report.skipped
+    assert "gold[row 2] (boom): error: FileNotFoundError: solve.sh" in report.failed
 
 
 def test_a_reward_above_the_top_of_the_range_is_a_problem_too():

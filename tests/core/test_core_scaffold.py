@@ -92,7 +92,7 @@ def test_generated_env_passes_check_env_in_process(tmp_path, skyrl_plugin_manage
 
     register_skyrl_plugin(skyrl_adder, name="skyrl-adder")
     report = check_env("adder", n_tasks=0)
-    assert not report.failed and "gold[49]" in report.passed
+    assert not report.failed and "gold[row 50]" in report.passed
 
 
 @pytest.mark.slow

@@ -199,12 +199,12 @@ def test_task_without_a_question_is_a_clear_error():
 
 def test_check_env_passes():
     report = check_env("rlm_repl", n_tasks=2)
-    assert not report.failed and "gold[1]" in report.passed
+    assert not report.failed and "gold[row 2]" in report.passed
 
 
 def test_check_env_passes_on_context_and_answer_tasks():
     report = check_env("rlm_repl", tasks=[CONTEXT_TASK, {**CONTEXT_TASK, "answer": "it's (really) Paris"}])
-    assert not report.failed and "gold[1]" in report.passed
+    assert not report.failed and "gold[row 2]" in report.passed
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "subprocess"])

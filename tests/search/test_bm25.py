@@ -169,6 +169,36 @@ def test_progress_bars_work_without_a_terminal(corpus: Path, tmp_path: Path,
     assert retriever.retrieve(["Sahara desert"], topk=1)[0][0].id == "p9"
 
 
+def test_a_slow_build_says_so_on_one_line_and_an_env_build_draws_no_bar(corpus: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    size = corpus.stat().st_size
+    make_retriever("bm25", {"corpus": str(corpus), "index_dir": str(tmp_path / "fast")})
+    assert capsys.readouterr().err == ""  # under a few seconds: no notice, and no bar by default
+    monkeypatch.setattr(bm25, "INDEX_BYTES_PER_S", size / 90)  # as if the corpus took a minute and a half
+    retriever = make_retriever("bm25", {"corpus": str(corpus), "index_dir": str(tmp_path / "slow")})
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"skyrl-search: indexing corpus.jsonl ({size / 1e6:,.1f} MB) for BM25; done once, "
+                                "later runs load the saved index (about 2 min)"]
+    assert retriever.retrieve(["Sahara desert"], topk=1)[0][0].id == "p9"
+
+
+def test_skyrl_check_search_output_has_no_progress_bar(tmp_path: Path) -> None:
+    """The first check builds the built-in corpus's index; nothing of that build reaches the output."""
+    import os
+    import subprocess
+    import sys
+
+    skyrl = Path(sys.executable).with_name("skyrl")
+    out = subprocess.run([str(skyrl), "check", "search", "--n-tasks", "1", "--skip", "episode", "--skip", "action"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SKYRL_SEARCH_CACHE": str(tmp_path)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert list(tmp_path.glob("bm25-*/manifest.json"))  # the index was built by this check
+    assert out.stderr == "" and all(line.startswith(("PASS", "SKIP")) or "passed" in line
+                                    for line in out.stdout.splitlines()), out.stdout
+
+
 def test_builtin_corpus_index_is_built_once_and_answers_gold_queries(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SKYRL_SEARCH_CACHE", str(tmp_path))

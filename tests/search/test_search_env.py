@@ -86,7 +86,7 @@ def two_hop(test_rows) -> dict[str, Any]:
 
 def test_check_env_passes():
     report = check_env("search", n_tasks=4)
-    assert not report.failed and {"gold[0]", "gold[3]", "astep", "determinism"} <= set(report.passed)
+    assert not report.failed and {"gold[row 1]", "gold[row 4]", "astep", "determinism"} <= set(report.passed)
 
 
 def test_prompt_states_the_format_and_the_question(one_hop):

@@ -17,7 +17,7 @@ from sql_helpers import ENGINES, THINK, query, started_env, task
 def test_check_env_passes(engine):
     report = check_env("sql", config={"engine": engine}, n_tasks=3)
     assert not report.failed
-    assert {"pickle", "turn_limit", "determinism", "action:empty_at_turn_limit", "gold[2]"} <= set(report.passed)
+    assert {"pickle", "turn_limit", "determinism", "action:empty_at_turn_limit", "gold[row 3]"} <= set(report.passed)
 
 
 def test_registered_with_its_metadata():

@@ -94,9 +94,14 @@ def test_eos_is_moved_to_the_end_of_turn_token():
 
 
 @pytest.mark.slow
-def test_smollm2_converts_from_the_packaged_gguf_once():
+def test_smollm2_converts_from_the_packaged_gguf_once(capfd, monkeypatch):
     pytest.importorskip("gguf")
+    monkeypatch.setattr(models, "_in_hf_cache", lambda hub_id: False)  # convert even where the hub copy is cached
     model, tokenizer = load_model_and_tokenizer("smollm2-135m")
+    err = capfd.readouterr().err
+    notices = [line for line in err.splitlines() if line.startswith("skyrl: converting the embedded model")]
+    assert len(notices) == 1 and notices[0].endswith("(about 30 s)"), err
+    assert "%|" not in err and "it/s" not in err, err  # no third-party progress bar reached the console
     folder = models.cache_dir() / "smollm2-135m"
     assert (folder / "model.safetensors").exists()
     assert model.config.num_hidden_layers == 30
@@ -105,3 +110,4 @@ def test_smollm2_converts_from_the_packaged_gguf_once():
     # The second load reads the cached folder (no GGUF conversion) and has the same weights.
     again, _ = load_model_and_tokenizer("smollm2-135m")
     assert torch.equal(model.lm_head.weight, again.lm_head.weight)
+    assert capfd.readouterr().err == ""  # loading the cached folder says nothing and draws no bar

@@ -68,6 +68,22 @@ def test_bad_folders_show_clear_messages(tmp_path, serve, page, artifacts):
     page.screenshot(path=str(artifacts / "bad-folders-trees.png"), full_page=True)
 
 
+def test_steps_without_learning_signal_are_shaded_on_every_chart(tmp_path, serve, page, artifacts):
+    folder = write_run(tmp_path / "flat", steps=6)
+    streaks = [0, 1, 2, 0, 1, 0]  # train/no_signal_steps as fsdp_grpo logs it
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "reward/mean": 0.5, "train/loss": 0.0, "train/zero_variance_groups": 1.0 if k else 0.2,
+                    "train/no_signal_steps": float(k)}) + "\n" for s, k in enumerate(streaks, start=1)))
+    page.goto(serve(folder).url)
+    page.wait_for_function(CHART_READY)
+    page.wait_for_selector("#chart-zero-variance .main-svg")
+    for chart in ("reward", "loss", "zero-variance"):
+        shapes = page.evaluate(f"() => document.getElementById('chart-{chart}').layout.shapes"
+                               ".map((s) => [s.x0, s.x1])")
+        assert shapes == [[1.5, 3.5], [4.5, 5.5]], chart  # steps 2-3 and step 5
+    page.screenshot(path=str(artifacts / "no-signal-steps.png"), full_page=True)
+
+
 @pytest.mark.slow
 def test_metrics_have_one_point_per_step_and_overlay_runs(trained_runs, serve, page, artifacts):
     runs = [trained_runs["reverse_text"], trained_runs["rlm_tree"]]
@@ -77,7 +93,8 @@ def test_metrics_have_one_point_per_step_and_overlay_runs(trained_runs, serve, p
         assert reward_points(page, index) == len(jsonl(folder / "metrics.jsonl")) == 2
     legend = page.locator("#chart-reward g.legend").text_content()
     assert "reverse_text" in legend and "rlm_tree" in legend
-    for chart in ("loss", "kl", "entropy", "grad-norm", "clip-fraction", "logprob-gap", "tokens", "step-time"):
+    for chart in ("loss", "kl", "entropy", "grad-norm", "zero-variance", "clip-fraction", "logprob-gap", "tokens",
+                  "step-time"):
         assert page.locator(f"#chart-{chart} .main-svg").count(), chart
     page.locator("#env-section summary").click()  # the env's own metrics (env/*), one chart each
     page.wait_for_selector("#chart-env-tree_depth_reached .main-svg")

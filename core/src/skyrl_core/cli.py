@@ -19,6 +19,7 @@ def build_app() -> typer.Typer:
     """The CLI, including sub-commands added by plugins through ``register_commands``."""
     app = typer.Typer(help="SkyRL: train LLM agents with RL. Environments, generators, trainers and "
                       "engines come from plugins.", no_args_is_help=True, add_completion=False)
+    app.callback()(_main_options)
     app.command("plugins")(plugins_command)
     for kind in KINDS:
         app.command(f"{kind}s", help=f"List installed {kind}s.")(_listing_command(kind))
@@ -34,6 +35,23 @@ def build_app() -> typer.Typer:
 
 def main() -> None:
     build_app()()
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from skyrl_core.versions import version_lines
+
+    for line in version_lines(get_plugin_manager()):
+        typer.echo(line)
+    raise typer.Exit()
+
+
+def _main_options(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the skyrl-core version and each installed plugin distribution's, then exit."),
+) -> None:
+    pass
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -92,9 +110,10 @@ def check_command(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. rlm_repl."),
     n_tasks: int = typer.Option(2, "--n-tasks", "--tasks", min=0, help="Built-in dataset rows to check the prompt "
                                 "and gold actions on, or to play the probes on with --adversarial (0 = all)."),
-    all_rows: bool = typer.Option(False, "--all-rows", help="Check every row of the built-in dataset (its prompt "
-                                  "builds, its gold actions reach the top of the reward range); failing rows "
-                                  "are named. Same as --n-tasks 0."),
+    all_rows: bool = typer.Option(False, "--all-rows", help="Check every row of the built-in dataset: first that "
+                                  "each row's prompt builds (before any episode), then that its gold actions reach "
+                                  "the top of the reward range; failing rows are named as 'row N' (1-based, as in "
+                                  "every message about a dataset row). Same as --n-tasks 0."),
     skip: list[str] | None = typer.Option(None, "--skip", help="A check (or family: determinism, gold, episode, "
                                           "gymnasium, ...) that cannot hold for this env, e.g. an LLM judge's "
                                           "determinism; with --adversarial, a probe; repeatable."),
@@ -148,6 +167,8 @@ def check_command(
         typer.echo(f"WARN  {warning}")
     for problem in report.failed:
         typer.echo(f"FAIL  {problem}")
+    if report.bad_rows:
+        typer.echo(f"bad rows ({len(report.bad_rows)}): {', '.join(report.bad_rows)}")
     summary = f"{len(report.passed)} passed, {len(report.failed)} failed, {len(report.skipped)} skipped"
     typer.echo(summary + (f", {len(report.warnings)} warning(s)" if report.warnings else ""))
     if report.failed:
@@ -179,7 +200,7 @@ def _dataset_check(env_id: str, options: dict[str, Any], dataset: Path, *, concu
         table = Table(title=f"{env_id}: {dataset}")
         rows = report.rows()
         for column in rows[0]:
-            table.add_column(column, no_wrap=column != "problem", overflow="fold")
+            table.add_column(column, no_wrap=column == "task", overflow="fold")
         for row in rows:
             cells = [f"{value:g}" if isinstance(value, float) else str(value) for value in row.values()]
             cells[-1] = cells[-1] if len(cells[-1]) <= 100 else cells[-1][:99] + "…"  # in full below the table

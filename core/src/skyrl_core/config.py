@@ -96,7 +96,7 @@ def _parse_value(item: str, raw: str) -> Any:
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from None
+        raise ConfigError(f"override {item!r}: value is not valid YAML: {yaml_problem(exc)}") from None
     if isinstance(value, str):
         try:  # YAML 1.1 reads "1e-6" as a string; users mean the number
             return float(value)
@@ -117,14 +117,34 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else None
+        shown = f"\n  {mark.line + 1} | {line}" if line is not None else ""
+        raise ConfigError(f"{where}: config file is not valid YAML: {yaml_problem(exc, position=False)}{shown}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
     return data
+
+
+def yaml_problem(exc: yaml.YAMLError, *, position: bool = True) -> str:
+    """PyYAML's error in one line, without its ``in "<unicode string>"`` marks (callers name the source):
+    ``mapping values are not allowed here (line 3, column 9)``, plus where the enclosing block began."""
+    problem = getattr(exc, "problem", None)
+    if problem is None:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    mark = getattr(exc, "problem_mark", None)
+    text = problem + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None and position else "")
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        text += f", {context}" + (f" at line {context_mark.line + 1}" if context_mark is not None else "")
+    return text
 
 
 def env_run_defaults(layers: Sequence[Mapping[str, Any]], registry: Registry) -> dict[str, Any]:

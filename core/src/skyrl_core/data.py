@@ -15,23 +15,34 @@ class DataError(ValueError):
 
 
 def read_jsonl_tasks(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file, each a JSON object (row numbers are 1-based in errors)."""
+    """Rows of a JSONL file, each a JSON object; blank lines are skipped.
+
+    Errors name the row as every other message about a dataset row does, ``row N`` counted from 1
+    over the rows (so ``skyrl check`` and the oracle's tables give the same row the same number), plus
+    ``line L`` of the file where blank lines make the two differ.
+    """
     rows = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise DataError(f"task file {str(path)!r} does not exist") from None
-    for number, line in enumerate(lines, 1):
+    for line_number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = row_where(len(rows) + 1, line_number)
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: row {number} is not valid JSON: {exc.msg}") from None
+            raise DataError(f"{path}: {where} is not valid JSON: {exc.msg}") from None
         if not isinstance(row, Mapping):
-            raise DataError(f"{path}: row {number} must be a JSON object, got {type(row).__name__}")
+            raise DataError(f"{path}: {where} must be a JSON object, got {type(row).__name__}")
         rows.append(dict(row))
     return rows
+
+
+def row_where(number: int, line: int | None = None) -> str:
+    """``row N`` (1-based), with ``(line L)`` when the file line differs from the row number."""
+    return f"row {number}" + (f" (line {line})" if line is not None and line != number else "")
 
 
 def load_tasks(env_cls: type[TextEnv], config: EnvConfig, *, split: str = "train", path: str | None = None,

@@ -320,20 +320,32 @@ def mean_env_metrics(episodes: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def rollout_metrics(episodes: Sequence[Trajectory], seconds: float) -> dict[str, float]:
-    """Batch-level summary: env metric means, reward mean/std, turns, generated tokens, errors, throughput."""
+    """Batch-level summary: env metric means, reward mean/std, turns, generated tokens, errors, throughput.
+
+    A chat-mode batch (an episode with ``token_source == "text"``) has no model tokens: its length and
+    speed are counted in characters of the replies, as ``rollout/response_chars_mean`` and
+    ``rollout/generated_chars_per_second``, never under the token names.
+    """
     if not episodes:
         return {}
     rewards = [t.reward for t in episodes]
     mean = sum(rewards) / len(rewards)
     std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-    generated = sum(sum(t.loss_mask) for t in episodes)
-    return {
+    chat = any(t.token_source == "text" for t in episodes)  # one engine a batch: an episode with no turn is alike
+    metrics = {
         **mean_env_metrics(episodes),
         "reward/mean": mean, "reward/std": std, "reward/max": max(rewards), "reward/min": min(rewards),
         "rollout/turns_mean": sum(len(t.turns) for t in episodes) / len(episodes),
-        "rollout/response_tokens_mean": generated / len(episodes),
         "rollout/errors": float(sum(t.error is not None for t in episodes)),
         "rollout/episodes": float(len(episodes)),
         "rollout/seconds": seconds,
-        "rollout/generated_tokens_per_second": generated / seconds if seconds > 0 else 0.0,
     }
+    if chat:
+        chars = sum(len(turn.action) for t in episodes for turn in t.turns)
+        metrics["rollout/response_chars_mean"] = chars / len(episodes)
+        metrics["rollout/generated_chars_per_second"] = chars / seconds if seconds > 0 else 0.0
+    else:
+        generated = sum(sum(t.loss_mask) for t in episodes)
+        metrics["rollout/response_tokens_mean"] = generated / len(episodes)
+        metrics["rollout/generated_tokens_per_second"] = generated / seconds if seconds > 0 else 0.0
+    return metrics

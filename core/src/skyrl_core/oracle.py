@@ -1,6 +1,6 @@
 """Oracle episodes: play an env's own ``gold_actions()`` instead of a model.
 
-``skyrl rollout --oracle`` and the ``gold[i]`` checks of ``skyrl check`` both run on
+``skyrl rollout --oracle`` and the ``gold[row N]`` checks of ``skyrl check`` both run on
 :func:`play_gold`. An oracle episode that does not reach the top of the env's ``reward_range`` (or
 has no gold actions, or fails) points at a broken task or a broken env, not at a weak model;
 :meth:`OracleResult.problem` says which.
@@ -32,8 +32,9 @@ def row_name(row: Mapping[str, Any]) -> str | None:
 
 
 def task_name(row: Mapping[str, Any], index: int) -> str:
-    """The row's name (:func:`row_name`), else ``#<index>``."""
-    return row_name(row) or f"#{index}"
+    """The row's name (:func:`row_name`), else ``row <index + 1>``: rows are numbered from 1 in every
+    message about a dataset (file errors, ``skyrl check``, the oracle's tables), so one row has one number."""
+    return row_name(row) or f"row {index + 1}"
 
 
 @dataclass

@@ -37,6 +37,10 @@ class Turn:
     characters, not model tokens)."""
 
 
+DERIVED_FIELDS = ("token_source", "trainable")
+"""Keys :meth:`Trajectory.to_dict` adds from its turns; :meth:`Trajectory.from_dict` ignores them."""
+
+
 @dataclass
 class Trajectory:
     """One episode. ``parent_id``/``depth`` place it in a tree of rollouts (``None``/0 for roots).
@@ -95,15 +99,17 @@ class Trajectory:
         return self.token_source != "text"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, plus the derived :attr:`token_source` and :attr:`trainable` (so a JSONL reader
+        sees them without recomputing; :meth:`from_dict` recomputes them from the turns)."""
+        return {**asdict(self), "token_source": self.token_source, "trainable": self.trainable}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k not in DERIVED_FIELDS}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown trajectory field(s): {sorted(unknown)}")
-        data = dict(data)
         data["turns"] = [Turn(**t) for t in data.get("turns", [])]
         return cls(**data)
 

@@ -107,6 +107,12 @@ class FSDPGRPOConfig(BaseModel):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     child_advantage: Literal["inherit", "own", "exclude"] = Field(
         "inherit", description="Tree children: root's advantage, their own (grouped per task and depth), or not trained.")
+    no_signal_share: float = Field(
+        0.9, ge=0, le=1, description="A step whose share of zero-reward-variance groups (advantages all 0) is at "
+        "least this has no learning signal (metric train/zero_variance_groups).")
+    no_signal_patience: int = Field(
+        3, ge=1, description="Warn once when this many steps in a row have no learning signal "
+        "(metric train/no_signal_steps: the current streak).")
 
     # asynchronous training (README: "Asynchronous training")
     mode: Literal["sync", "one_step_off", "async"] = Field(

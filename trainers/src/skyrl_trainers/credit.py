@@ -63,6 +63,17 @@ def assign_advantages(trajectories: Sequence[Trajectory], *, estimator: str = "g
     return out
 
 
+def group_scores(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
+    """The scores of the trainable root episodes of each estimator group (``group_id``), in batch order:
+    what a group-relative estimator compares (failed and empty episodes left out, as in the baseline)."""
+    episodes = _episodes(trajectories)
+    groups: dict[str, list[float]] = {}
+    for e in episodes.values():
+        if e.parent_key not in episodes and e.trainable:
+            groups.setdefault(e.group_id, []).append(e.score)
+    return groups
+
+
 def _episodes(trajectories: Sequence[Trajectory]) -> dict[str, _Episode]:
     episodes: dict[str, _Episode] = {}
     for index, t in enumerate(trajectories):

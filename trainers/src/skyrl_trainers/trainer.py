@@ -27,7 +27,7 @@ from skyrl_core.trajectory import Trajectory, TrajectoryBatch, write_jsonl
 
 from skyrl_trainers.batching import plan_step, training_samples
 from skyrl_trainers.config import FSDPGRPOConfig
-from skyrl_trainers.credit import assign_advantages, episode_key
+from skyrl_trainers.credit import assign_advantages, episode_key, group_scores
 from skyrl_trainers.data import TaskStream, load_training_tasks
 from skyrl_trainers.engine_setup import (
     alias_policy,
@@ -41,6 +41,7 @@ from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
+from skyrl_trainers.signal import NoSignalMonitor, zero_variance_share
 from skyrl_trainers.worker import WorkerSpec, accumulate
 from skyrl_trainers.workers import make_worker_group
 
@@ -132,6 +133,13 @@ class _StepLoop:
         self.stream, self.loop, self.logger = stream, loop, logger
         self.sleeps = sleeps_between_rollouts(engine)
         self.weight_sync = weight_sync
+        generator_cfg = trainer.config.generator
+        self.no_signal = NoSignalMonitor(
+            share=self.cfg.no_signal_share, patience=self.cfg.no_signal_patience,
+            reward_range=env_class(trainer.config.env_id).reward_range,
+            hints={"n_samples_per_prompt": getattr(generator_cfg, "n_samples_per_prompt", None),
+                   "temperature": getattr(generator_cfg, "temperature", None)})
+        self.groups: dict[int, dict[str, list[float]]] = {}  # step -> its groups' scores, until end_step
         self.seeded = accepts_seed(generator)
         if not self.seeded:
             log.warning("generator %s takes no 'seed' argument in generate(): sampling is not reproducible "
@@ -155,6 +163,8 @@ class _StepLoop:
     def end_step(self, step: int, metrics: dict[str, float], progress: TrainingProgress) -> bool:
         """Log the step and call the plugins' ``on_train_step_end``; whether a checkpoint is due now."""
         cfg = self.cfg
+        groups = self.groups.pop(step, {})
+        metrics.update(self.no_signal.update(step, metrics.get("train/zero_variance_groups", 0.0), groups))
         self.logger.log(step, metrics)
         get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)  # observers are guarded
         progress.step_done(step, metrics)
@@ -199,8 +209,10 @@ class _StepLoop:
         advantages = assign_advantages(trajectories, estimator=cfg.advantage, norm_by_std=cfg.grpo_norm_by_std,
                                        child_advantage=cfg.child_advantage)
         samples = training_samples(trajectories, advantages)
+        groups = self.groups[step] = group_scores(trajectories)
         metrics = {"train/samples": float(len(samples)), "train/excluded_samples": float(len(trajectories) - len(samples)),
-                   "train/input_tokens": float(sum(len(s.input_ids) for s in samples))}
+                   "train/input_tokens": float(sum(len(s.input_ids) for s in samples)),
+                   "train/zero_variance_groups": zero_variance_share(groups, estimator=cfg.advantage)[0]}
         if not samples:  # e.g. every episode failed: keep the weights, log the step
             log.warning("step %d: no trainable samples (%d trajectories, all failed or empty)", step, len(trajectories))
             return {**metrics, "train/optimizer_steps": 0.0, "train/skipped_steps": 1.0}

@@ -7,8 +7,9 @@ ends the episode within the reward range; that multi-turn episodes (hostile acti
 turn, a wrong answer then the gold ones, a near miss then the gold ones) keep their summed reward
 inside ``reward_range`` after every turn, as the generator sums it; that the turn limit
 truncates; that a seed makes episodes repeat exactly; that each row's prompt builds and the env's
-``gold_actions()`` reach the top of its reward range (one check a task, ``prompt[i]`` and
-``gold[i] (task-name)``, the latter played by :func:`skyrl_core.oracle.play_gold`); that a fresh
+``gold_actions()`` reach the top of its reward range (one check a row, ``prompt[row N]`` and
+``gold[row N] (task-name)`` with ``N`` the 1-based row number used by every message about a dataset
+row, the latter played by :func:`skyrl_core.oracle.play_gold`); that a fresh
 env pickles (remote workers); that the async ``astep`` agrees with ``step``; that ``close()`` can
 be called twice; and that Gymnasium's own ``check_env`` passes without warnings. Warnings that loading
 the env's dataset raises (``UserWarning`` and its subclasses, e.g. a task file the env's loader
@@ -57,7 +58,7 @@ EPISODES: dict[str, Callable[[list[str]], list[str] | None]] = {
 
 SKIPPABLE = ("pickle", "turn_limit", "determinism", "astep", "gymnasium", "action", "episode", "prompt", "gold")
 """Check families ``check_env(skip=...)`` accepts: a family skips all its checks (``"gold"``:
-every ``gold[i]``), a full id one check (``"action:huge"``)."""
+every ``gold[row N]``), a full id one check (``"action:huge"``, ``"gold[row 3]"``)."""
 
 
 class EnvCheckError(AssertionError):
@@ -69,8 +70,9 @@ class EnvCheckReport:
     """Check ids that passed or were skipped, ``"<label>: <problem>"`` for each failure, and the warnings
     raised while loading the env's dataset (they never fail the check).
 
-    Ids are stable (``gold[2]``); :meth:`label` adds the task's name where the row has one
-    (``gold[2] (builtin-3)``), as the CLI prints them.
+    Ids are stable (``gold[row 3]``: row numbers are 1-based, as in every message about a dataset
+    row); :meth:`label` adds the task's name where the row has one (``gold[row 3] (builtin-2)``), as
+    the CLI prints them. :attr:`bad_rows` names the rows whose prompt or gold check failed.
     """
 
     env: str
@@ -79,6 +81,7 @@ class EnvCheckReport:
     skipped: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    bad_rows: list[str] = field(default_factory=list)
 
     def label(self, check: str) -> str:
         return self.labels.get(check, check)
@@ -90,9 +93,12 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     """Check an env (registered id or class) against the TextEnv contract.
 
     ``tasks`` default to the first ``n_tasks`` rows of the env's built-in dataset (``0``: all of
-    them). Row ``i`` gets the checks ``prompt[i]`` (its prompt builds into messages) and
-    ``gold[i]`` (its gold actions reach the top of ``reward_range``), labelled ``gold[i] (name)``
-    when the row has a ``name``, ``id`` or ``task_id``.
+    them). Row ``N`` (1-based) gets the checks ``prompt[row N]`` (its prompt builds into messages)
+    and ``gold[row N]`` (its gold actions reach the top of ``reward_range``), labelled
+    ``gold[row N] (name)`` when the row has a ``name``, ``id`` or ``task_id``. Every row's prompt is
+    checked first: the other checks play the first row whose prompt builds (they are skipped when
+    none does), and a row whose prompt fails gets no gold episode (its ``gold`` check is skipped).
+    ``report.bad_rows`` lists the failing rows, ``row N (name)``.
 
     ``skip`` names checks that cannot hold for this env, reported as skipped: a family from
     :data:`SKIPPABLE` or one check id. An env scored by a sampling LLM judge cannot repeat an
@@ -115,42 +121,60 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     if not tasks:
         raise EnvCheckError(f"{cls.__name__}: no tasks to check with (pass tasks=...)")
     deterministic = "determinism" not in skip
-    checks: list[tuple[str, Callable[[], str | None]]] = [
-        ("pickle", lambda: _check_pickle(cls, config, tasks[0])),
-        ("turn_limit", lambda: _check_turn_limit(cls, config, tasks[0], seed)),
-        ("determinism", lambda: _check_determinism(cls, config, tasks[0], seed)),
-        ("astep", lambda: _check_astep(cls, config, tasks[0], seed, deterministic)),
-        ("gymnasium", lambda: _check_gymnasium(cls, config, tasks[0], deterministic)),
-    ]
-    for name in HOSTILE_ACTIONS:
-        checks.append((f"action:{name}", lambda n=name: _check_action(cls, config, tasks[0], seed, HOSTILE_ACTIONS[n])))
-    checks.append(("action:huge", lambda: _check_action(cls, config, tasks[0], seed, "x" * (config.max_action_chars + 1))))
-    checks.append(("action:empty_at_turn_limit",
-                   lambda: _check_action(cls, config, tasks[0], seed, "", turn=config.max_turns)))
-    for name, sequence in EPISODES.items():
-        checks.append((f"episode:{name}", lambda s=sequence: _check_episode(cls, config, tasks[0], seed, s)))
-    for i, task in enumerate(tasks):
-        name = row_name(task)
-        for check_id in (f"prompt[{i}]", f"gold[{i}]"):
-            if name is not None:
-                report.labels[check_id] = f"{check_id} ({name})"
-        checks.append((f"prompt[{i}]", lambda t=task: _check_prompt(cls, config, t, seed)))
-        checks.append((f"gold[{i}]", lambda t=task: _check_gold(cls, config, t, seed)))
-    for name, check in checks:
+
+    def run(name: str, check: Callable[[], str | None]) -> bool:
+        """Run one check into the report; False when it failed."""
         if name in skip or _family(name) in skip:
             report.skipped.append(name)
-            continue
+            return True
         try:
             outcome = check()
         except Exception as exc:  # noqa: BLE001 - every failure is reported, not just the first
             report.failed.append(f"{report.label(name)}: raised {type(exc).__name__}: {exc}")
-            continue
+            return False
         if outcome == "skip":
             report.skipped.append(name)
         elif outcome:
             report.failed.append(f"{report.label(name)}: {outcome}")
+            return False
         else:
             report.passed.append(name)
+        return True
+
+    rows_ok: list[bool] = []
+    for number, task in enumerate(tasks, start=1):  # up front: a bad row is named before any episode
+        name = row_name(task)
+        for check_id in (f"prompt[row {number}]", f"gold[row {number}]"):
+            if name is not None:
+                report.labels[check_id] = f"{check_id} ({name})"
+        rows_ok.append(run(f"prompt[row {number}]", lambda t=task: _check_prompt(cls, config, t, seed)))
+    first = tasks[rows_ok.index(True)] if any(rows_ok) else None
+    checks: list[tuple[str, Callable[[], str | None]]] = [
+        ("pickle", lambda: _check_pickle(cls, config, first)),
+        ("turn_limit", lambda: _check_turn_limit(cls, config, first, seed)),
+        ("determinism", lambda: _check_determinism(cls, config, first, seed)),
+        ("astep", lambda: _check_astep(cls, config, first, seed, deterministic)),
+        ("gymnasium", lambda: _check_gymnasium(cls, config, first, deterministic)),
+    ]
+    for name in HOSTILE_ACTIONS:
+        checks.append((f"action:{name}", lambda n=name: _check_action(cls, config, first, seed, HOSTILE_ACTIONS[n])))
+    checks.append(("action:huge", lambda: _check_action(cls, config, first, seed, "x" * (config.max_action_chars + 1))))
+    checks.append(("action:empty_at_turn_limit",
+                   lambda: _check_action(cls, config, first, seed, "", turn=config.max_turns)))
+    for name, sequence in EPISODES.items():
+        checks.append((f"episode:{name}", lambda s=sequence: _check_episode(cls, config, first, seed, s)))
+    for name, check in checks:
+        if first is None:  # no row's prompt builds: nothing to play the episode checks on
+            report.skipped.append(name)
+        else:
+            run(name, check)
+    for number, (task, ok) in enumerate(zip(tasks, rows_ok, strict=True), start=1):
+        if not ok:
+            report.skipped.append(f"gold[row {number}]")
+        elif not run(f"gold[row {number}]", lambda t=task: _check_gold(cls, config, t, seed)):
+            rows_ok[number - 1] = False
+    report.bad_rows = [f"row {number}" + (f" ({row_name(task)})" if row_name(task) is not None else "")
+                       for number, (task, ok) in enumerate(zip(tasks, rows_ok, strict=True), start=1) if not ok]
     if report.failed and raise_on_failure:
         raise EnvCheckError(f"{report.env} failed {len(report.failed)} check(s):\n  " + "\n  ".join(report.failed))
     return report
@@ -170,7 +194,7 @@ def _dataset_rows(cls: type[TextEnv], config: EnvConfig, report: EnvCheckReport)
 
 
 def _family(check: str) -> str:
-    """``"action:huge"`` -> ``"action"``, ``"gold[2]"`` -> ``"gold"``."""
+    """``"action:huge"`` -> ``"action"``, ``"gold[row 3]"`` -> ``"gold"``."""
     return check.split(":")[0].split("[")[0]
 
 

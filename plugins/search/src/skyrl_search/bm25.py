@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import bm25s
+from skyrl_core.notice import announce_slow_step
 from tqdm.auto import tqdm
 
 from .corpus import (
@@ -36,6 +37,8 @@ from .retrieval import Passage
 FORMAT = IndexFormat("skyrl-search-bm25", 1, "BM25",
                      "BM25Retriever.build_index(corpus, index_dir) or the bm25 option 'corpus'")
 STOPWORDS = "en"
+INDEX_BYTES_PER_S = 4e6
+"""Corpus bytes indexed per second (4.7 MB/s measured on 2 shared CPU cores): the build's expected time."""
 
 
 def _stemmer(language: str | None) -> Any:
@@ -106,7 +109,7 @@ class BM25Retriever:
         if unknown:
             raise ValueError(f"unknown bm25 retriever options {sorted(unknown)}; known: corpus, index_dir, progress")
         corpus, index_dir = options.get("corpus"), options.get("index_dir")
-        progress = bool(options.get("progress", True))
+        progress = bool(options.get("progress", False))  # an env's build never draws into a command's output
         if corpus is None and index_dir is not None:
             return _shared(Path(index_dir))
         corpus_path, identity, key = resolve_corpus(corpus)
@@ -149,7 +152,14 @@ def _load_shared(index_dir: str, manifest_mtime_ns: int) -> BM25Retriever:
 
 def _build(corpus_path: str | os.PathLike[str], folder: Path, identity: Mapping[str, Any], *,
            progress: bool) -> dict[str, Any]:
-    """Tokenise and index the corpus into ``folder``; returns its manifest."""
+    """Tokenise and index the corpus into ``folder``; returns its manifest.
+
+    A build expected to take more than a few seconds says so first, on one line with its expected
+    time; ``progress`` adds our own bar over the passages (bm25s' bars stay off either way).
+    """
+    size = Path(corpus_path).stat().st_size
+    announce_slow_step(f"indexing {Path(corpus_path).name} ({size / 1e6:,.1f} MB) for BM25; done once, later "
+                       "runs load the saved index", size / INDEX_BYTES_PER_S, source="skyrl-search")
     language = _default_stem_language()
     tokenizer = bm25s.tokenization.Tokenizer(stopwords=STOPWORDS, stemmer=_stemmer(language))
     token_ids: list[list[int]] = []
@@ -164,7 +174,7 @@ def _build(corpus_path: str | os.PathLike[str], folder: Path, identity: Mapping[
     if count == 0:
         raise ValueError(f"corpus file {corpus_path} holds no passages")
     model = bm25s.BM25()
-    model.index(tokenizer.to_tokenized_tuple(token_ids), show_progress=progress)
+    model.index(tokenizer.to_tokenized_tuple(token_ids), show_progress=False)
     model.save(folder, show_progress=False)
     return {**FORMAT.header(), **identity, "passages": count,
             "bm25s_version": bm25s.__version__, "stopwords": STOPWORDS, "stemmer": language}

@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from skyrl_core.notice import announce_slow_step, quiet_progress_bars
 from tqdm.auto import tqdm
 
 from .corpus import (
@@ -62,8 +64,9 @@ class Encoder:
         self.path = str(Path(model).absolute())
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model)
-        self.model = transformers.AutoModel.from_pretrained(model).to(device=self.device, dtype=dtype).eval()
+        with quiet_progress_bars():  # a local folder loads in seconds; transformers' bar would land in our output
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+            self.model = transformers.AutoModel.from_pretrained(model).to(device=self.device, dtype=dtype).eval()
         self.max_length = min(max_length, getattr(self.model.config, "max_position_embeddings", max_length))
         self.dim = int(self.model.config.hidden_size)
         self._torch = torch
@@ -170,7 +173,7 @@ class DenseRetriever:
 
         def build(tmp: Path) -> dict[str, Any]:
             encoder = Encoder(model, device=device, max_length=settings["max_length"])
-            return _build(corpus_path, tmp, encoder, identity, batch_size, bool(options.get("progress", True)))
+            return _build(corpus_path, tmp, encoder, identity, batch_size, bool(options.get("progress", False)))
 
         folder = build_once(index_dir or cache_root() / f"dense-{key}-{model_key}",
                             lambda manifest: FORMAT.is_current(manifest, identity), build)
@@ -214,17 +217,30 @@ def _load_shared(index_dir: str, manifest_mtime_ns: int, model: str | None, devi
 
 def _build(corpus_path: str | os.PathLike[str], folder: Path, encoder: Encoder, identity: Mapping[str, Any],
            batch_size: int, progress: bool) -> dict[str, Any]:
-    """Embed the corpus into ``folder`` batch by batch; returns its manifest."""
+    """Embed the corpus into ``folder`` batch by batch; returns its manifest.
+
+    Once the first batch is embedded, a build expected to take more than a few seconds says so on one
+    line with its expected time (the first batch's time per byte of text, times the corpus file's size).
+    """
     faiss, _, _ = _require_dense()
     index = faiss.IndexFlatIP(encoder.dim)
+    size = Path(corpus_path).stat().st_size
+    started = time.monotonic()
 
     def embedded() -> Iterator[Passage]:
         batch: list[Passage] = []
+        first = True
         for p in tqdm(read_corpus(corpus_path), desc=f"Embedding {Path(corpus_path).name}", unit=" passages",
                       disable=not progress):
             batch.append(p)
             if len(batch) == batch_size:
                 yield from add(batch)
+                if first:
+                    first = False
+                    done = sum(len(q.contents.encode()) for q in batch) or 1
+                    announce_slow_step(f"embedding {Path(corpus_path).name} ({size / 1e6:,.1f} MB) with "
+                                       f"{Path(identity['model']).name}; done once, later runs load the saved index",
+                                       (time.monotonic() - started) * size / done, source="skyrl-search")
                 batch = []
         yield from add(batch)
 

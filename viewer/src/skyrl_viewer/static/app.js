@@ -12,6 +12,7 @@ const PANELS = [
   { id: "kl", title: "KL", keys: ["train/kl"] },
   { id: "entropy", title: "Entropy", keys: ["train/entropy"] },
   { id: "grad-norm", title: "Grad norm", keys: ["train/grad_norm"] },
+  { id: "zero-variance", title: "Groups with zero reward variance (share)", keys: ["train/zero_variance_groups"] },
   { id: "clip-fraction", title: "Clip fraction", keys: ["train/clip_fraction"] },
   { id: "logprob-gap", title: "Rollout/trainer logprob gap", keys: ["train/logprob_gap_mean", "train/logprob_gap_max"] },
   { id: "tokens", title: "Tokens per second", keys: ["throughput/generated_tokens_per_second", "throughput/train_tokens_per_second"] },
@@ -139,15 +140,34 @@ function panels() {
   };
 }
 
+// Steps with no learning signal (the trainer's train/no_signal_steps streak > 0: nearly every group's samples
+// scored alike, so advantages, loss and gradient were 0), shaded in the run's colour on every chart.
+function noSignalShapes() {
+  const shapes = [];
+  state.rows.forEach((rows, run) => {
+    const steps = rows.filter((r) => r["train/no_signal_steps"] > 0).map((r) => r.step).sort((a, b) => a - b);
+    for (let i = 0; i < steps.length; i++) {
+      let j = i;
+      while (j + 1 < steps.length && steps[j + 1] === steps[j] + 1) j++;
+      shapes.push({ type: "rect", xref: "x", yref: "paper", x0: steps[i] - 0.5, x1: steps[j] + 0.5, y0: 0, y1: 1,
+        fillcolor: COLORS[run % COLORS.length], opacity: 0.12, line: { width: 0 }, layer: "below",
+        name: `no-signal run ${run} steps ${steps[i]}-${steps[j]}` });
+      i = j;
+    }
+  });
+  return shapes;
+}
+
 function drawPanels(box, wanted, lastStep) {
   for (const div of [...box.children]) if (!wanted.some((p) => `chart-${p.id}` === div.id)) div.remove();
+  const shapes = noSignalShapes();
   for (const panel of wanted) {
     let div = $(`chart-${panel.id}`);
     if (!div) box.append((div = el("div", { class: "chart", id: `chart-${panel.id}` })));
     const layout = {
       title: { text: panel.title, font: { size: 14 }, x: 0.02, xanchor: "left" }, margin: { l: 55, r: 15, t: 36, b: 30 },
       hovermode: "x unified", xaxis: { dtick: lastStep <= 12 ? 1 : null },
-      showlegend: true, legend: { orientation: "h", y: -0.12 }, uirevision: panel.id,
+      showlegend: true, legend: { orientation: "h", y: -0.12 }, uirevision: panel.id, shapes,
     };
     Plotly.react(div, panelTraces(panel), layout, { displaylogo: false, responsive: true });
   }
