@@ -107,16 +107,24 @@ if docker_problem >/dev/null; then
       || docker_unavailable "the terminal base image of harbor_terminal could not be built (see above)"
     # Public images that task Dockerfiles start FROM (python:3.11-slim, ubuntu:24.04, ...) are built from Debian
     # packages when first needed (env.substitute_images, on unless SKYRL_SUBSTITUTE_IMAGES=0); none is built here.
-    # RUN steps of task image builds stay offline unless env.build_network / SKYRL_BUILD_NETWORK=1 gives them the
-    # host's network; this script cannot set that in your shell, so it says when this machine reaches the mirrors.
+    # RUN steps of task image builds get the host's network where this machine reaches the package mirrors: this
+    # script turns env.build_network's default on in the machine's settings file (never the agent's container).
     if "$venv/bin/python" -c 'import sys, urllib.request
 for url in ("http://deb.debian.org/debian/", "https://pypi.org/simple/"):
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=3).close()
     except Exception:
         sys.exit(1)' 2>/dev/null; then
-      echo "harbor_terminal: this machine reaches deb.debian.org and pypi.org: export SKYRL_BUILD_NETWORK=1" \
-        "(or pass env.build_network=true) to let apt-get and pip install in task Dockerfiles use them"
+      settings=$("$venv/bin/python" -c 'from skyrl_harbor_terminal.substitutes import settings_file; print(settings_file())')
+      if [ ! -e "$settings" ]; then
+        mkdir -p "$(dirname "$settings")"
+        printf '%s\n' "# harbor_terminal settings of this machine, written by scripts/setup.sh: RUN steps of task image" \
+          "# builds may use the host's network (the agent's machine never does). env.build_network overrides it." \
+          "build_network = true" > "$settings"
+        echo "harbor_terminal: this machine reaches deb.debian.org and pypi.org: build_network = true in $settings"
+      else
+        echo "harbor_terminal: $settings exists; left as it is (build_network there, or env.build_network)"
+      fi
     fi
   fi
 fi

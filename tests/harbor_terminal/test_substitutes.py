@@ -243,9 +243,10 @@ def test_plan_build_refuses_unavailable_images_and_a_disabled_map_clearly(tmp_pa
     assert "could build it from Debian bookworm packages, but it is off: set env.substitute_images=true" in message
 
 
-def test_the_settings_default_to_their_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_settings_default_to_their_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     config = HarborTerminalConfig()
     assert config.substitute_images is None and config.build_network is None
+    monkeypatch.setenv(substitutes.SETTINGS_ENV, str(tmp_path / "no-settings.toml"))
     monkeypatch.delenv(substitutes.SUBSTITUTE_ENV, raising=False)
     monkeypatch.delenv(substitutes.BUILD_NETWORK_ENV, raising=False)
     assert substitutes.substitutes_enabled(None) is True and substitutes.build_network_enabled(None) is False
@@ -256,6 +257,25 @@ def test_the_settings_default_to_their_environment_variables(monkeypatch: pytest
     monkeypatch.setenv(substitutes.BUILD_NETWORK_ENV, "maybe")
     with pytest.raises(ValueError, match="SKYRL_BUILD_NETWORK='maybe': expected 1 or 0"):
         substitutes.build_network_enabled(None)
+
+
+def test_the_machine_settings_file_sets_the_defaults_below_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    settings = tmp_path / "harbor.toml"  # what scripts/setup.sh writes where the package mirrors answer
+    settings.write_text("build_network = true\nsubstitute_images = false\n")
+    monkeypatch.setenv(substitutes.SETTINGS_ENV, str(settings))
+    monkeypatch.delenv(substitutes.SUBSTITUTE_ENV, raising=False)
+    monkeypatch.delenv(substitutes.BUILD_NETWORK_ENV, raising=False)
+    assert substitutes.build_network_enabled(None) is True and substitutes.substitutes_enabled(None) is False
+    monkeypatch.setenv(substitutes.BUILD_NETWORK_ENV, "0")  # the variable wins over the file, the config over both
+    assert substitutes.build_network_enabled(None) is False and substitutes.build_network_enabled(True) is True
+    settings.write_text('build_network = "yes"\n')
+    monkeypatch.delenv(substitutes.BUILD_NETWORK_ENV)
+    with pytest.raises(ValueError, match=r"harbor.toml: build_network must be true or false, got 'yes'"):
+        substitutes.build_network_enabled(None)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv(substitutes.SETTINGS_ENV)
+    assert substitutes.settings_file() == tmp_path / "config" / "skyrl" / "harbor.toml"
 
 
 @pytest.mark.parametrize("output", [

@@ -46,10 +46,12 @@ class HarborTerminalConfig(EnvConfig):
     substitute_images: bool | None = Field(None, description=(
         "Build public images that task Dockerfiles start FROM (debian:, python:, ubuntu:) and the engine lacks "
         "from Debian packages (README 'Offline base images'); an image on the engine is used as it is. None: "
-        "$SKYRL_SUBSTITUTE_IMAGES when set (1/0), else on."))
+        "$SKYRL_SUBSTITUTE_IMAGES when set (1/0), else the machine's settings file "
+        "(~/.config/skyrl/harbor.toml), else on."))
     build_network: bool | None = Field(None, description=(
         "RUN steps of task image builds (never the agent's machine) use the host's network, so apt-get and pip "
-        "install work where this machine reaches package mirrors. None: $SKYRL_BUILD_NETWORK when set, else off."))
+        "install work where this machine reaches package mirrors. None: $SKYRL_BUILD_NETWORK when set, else the "
+        "machine's settings file (~/.config/skyrl/harbor.toml; scripts/setup.sh turns it on), else off."))
     reward_weights: dict[str, float] | None = Field(None, description=(
         "Weights of a reward.json's keys when it has no 'reward' key (e.g. {correctness: 0.7, performance: 0.3}); "
         "overrides the task's [metadata.skyrl] reward_weights. None: the task's, else equal weights."))

@@ -37,11 +37,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomllib
 from skyrl_sandbox import images
 from skyrl_sandbox.images import ImageBuildError
 
-SUBSTITUTE_ENV = "SKYRL_SUBSTITUTE_IMAGES"  # default of env.substitute_images (unset: on)
-BUILD_NETWORK_ENV = "SKYRL_BUILD_NETWORK"  # default of env.build_network (unset: off)
+SUBSTITUTE_ENV = "SKYRL_SUBSTITUTE_IMAGES"  # default of env.substitute_images (unset: the settings file, else on)
+BUILD_NETWORK_ENV = "SKYRL_BUILD_NETWORK"  # default of env.build_network (unset: the settings file, else off)
+SETTINGS_ENV = "SKYRL_HARBOR_SETTINGS"  # path of this machine's settings file (default: settings_file())
 VERSION = 1  # bump when what goes into a substitute changes: they are cached by tag
 LABEL = "skyrl.substitutes"
 SUITE_LABEL = "skyrl.substitute.suite"
@@ -385,26 +387,51 @@ def on_engine(ref: str) -> bool:
 
 
 def substitutes_enabled(setting: bool | None) -> bool:
-    """``env.substitute_images``; None: ``$SKYRL_SUBSTITUTE_IMAGES`` when set, else on."""
-    return _flag(setting, SUBSTITUTE_ENV, default=True)
+    """``env.substitute_images``; None: ``$SKYRL_SUBSTITUTE_IMAGES``, else the settings file's
+    ``substitute_images``, else on."""
+    return _flag(setting, SUBSTITUTE_ENV, "substitute_images", default=True)
 
 
 def build_network_enabled(setting: bool | None) -> bool:
-    """``env.build_network``; None: ``$SKYRL_BUILD_NETWORK`` when set, else off."""
-    return _flag(setting, BUILD_NETWORK_ENV, default=False)
+    """``env.build_network``; None: ``$SKYRL_BUILD_NETWORK``, else the settings file's ``build_network``
+    (``scripts/setup.sh`` writes ``build_network = true`` where this machine reaches the package mirrors),
+    else off."""
+    return _flag(setting, BUILD_NETWORK_ENV, "build_network", default=False)
 
 
-def _flag(setting: bool | None, variable: str, *, default: bool) -> bool:
+def settings_file() -> Path:
+    """This machine's harbor_terminal settings: ``$SKYRL_HARBOR_SETTINGS``, else
+    ``$XDG_CONFIG_HOME/skyrl/harbor.toml`` (``~/.config/skyrl/harbor.toml``)."""
+    if os.environ.get(SETTINGS_ENV):
+        return Path(os.environ[SETTINGS_ENV])
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "skyrl" / "harbor.toml"
+
+
+def _flag(setting: bool | None, variable: str, key: str, *, default: bool) -> bool:
     if setting is not None:
         return setting
     value = os.environ.get(variable, "").strip().lower()
     if not value:
-        return default
+        saved = _saved_setting(key)
+        return default if saved is None else saved
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{variable}={value!r}: expected 1 or 0")
+
+
+def _saved_setting(key: str) -> bool | None:
+    path = settings_file()
+    if not path.is_file():
+        return None
+    try:
+        value = tomllib.loads(path.read_text(encoding="utf-8")).get(key)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the harbor_terminal settings: {exc}") from exc
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{path}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def offline_build_hint(output: str) -> str | None:
