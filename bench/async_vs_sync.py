@@ -65,6 +65,7 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
     }, registry=pm.registry)
     summary = FSDPGRPOTrainer(config).fit()
     records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
+    records = [r for r in records if "train/samples" in r]  # training steps, not the step-0 evaluation
 
     def mean(key: str) -> float:
         values = [r[key] for r in records if key in r]

@@ -132,6 +132,7 @@ def async_run(model: str, engine_id: str, steps: int = 4) -> None:
         subprocess.run(command, check=True)
         seconds = time.perf_counter() - started
         records = [json.loads(line) for line in open(f"{folder}/metrics.jsonl") if line.strip()]
+        records = [r for r in records if "reward/mean" in r]  # training steps, not the step-0 evaluation
     if len(records) != steps:
         raise RuntimeError(f"async run: {len(records)} steps logged, expected {steps}")
     print(f"  {seconds:.1f} s; staleness max {max(r['async/staleness_max'] for r in records):.0f}, "

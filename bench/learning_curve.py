@@ -48,7 +48,8 @@ def run_seed(seed: int, out: Path, overrides: list[str]) -> tuple[list[dict[str,
     seconds = time.perf_counter() - started
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2
     print(f"seed {seed}: {seconds / 60:.1f} min, peak RSS of the largest process so far {peak_gb:.2f} GiB", flush=True)
-    steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in records if "reward/mean" in r]  # training steps (not the step-0 held-out evaluation)
     return steps, seconds
 
 

@@ -26,13 +26,16 @@ def test_skyrl_run_trains_on_the_search_env_with_tiny_random(tmp_path, search_ca
     command = [str(SKYRL), "run", "--env", "search", "--trainer", "fsdp_grpo", "--model", "tiny-random",
                "env.max_turns=2", "generator.n_samples_per_prompt=2", "generator.max_tokens_per_turn=16",
                "generator.max_total_tokens=48", "generator.max_context_length=4096", "trainer.steps=2",
-               "trainer.batch_size=1", f"run.output_dir={run_dir}", "run.console=false"]
+               "trainer.batch_size=1", f"run.output_dir={run_dir}", "run.console=false",
+               "trainer.eval_samples=2"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "SKYRL_SEARCH_CACHE": str(search_cache)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and records[0]["eval/episodes"] == 2.0  # held-out evaluation before training
+    steps = records[1:]
+    assert [s["step"] for s in steps] == [1, 2] and "eval/reward_mean" in steps[-1]  # and after the last step
     for step in steps:
         assert step["rollout/episodes"] == 2.0 and step["rollout/errors"] == 0.0, step
         assert 0.0 <= step["reward/mean"] <= 1.0 and "train/loss" in step

@@ -12,7 +12,7 @@ SMALL_RUN = {
     "engine": {"id": "hf", "max_batch_size": 16},
     "generator": {"n_samples_per_prompt": 2, "max_tokens_per_turn": 6, "max_total_tokens": 12},
     "trainer": {"id": "fsdp_grpo", "model": "tiny-random", "steps": 2, "batch_size": 2, "lr": 1e-3,
-                "micro_batch_tokens": 512},
+                "micro_batch_tokens": 512, "eval_samples": 0},  # evaluation: test_held_out_eval.py
     "run": {"console": False},
 }
 

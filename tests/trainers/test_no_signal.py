@@ -49,7 +49,8 @@ def _skyrl_run(env: str, out: Path) -> subprocess.CompletedProcess[str]:
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     command = [str(SKYRL), "run", "--env", env, "--trainer", "fsdp_grpo", "--model", "tiny-random",
                "trainer.steps=3", "trainer.batch_size=2", "trainer.lr=1e-3", "trainer.micro_batch_tokens=512",
-               "trainer.export=false", "generator.n_samples_per_prompt=2", "generator.max_tokens_per_turn=6",
+               "trainer.export=false", "trainer.eval_samples=0", "generator.n_samples_per_prompt=2",
+               "generator.max_tokens_per_turn=6",
                "generator.max_total_tokens=12", "run.console=false", f"run.output_dir={out}"]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=HERE)
 

@@ -1,4 +1,5 @@
-"""Fixtures for the skyrl-viewer tests: real short training runs, a running ``skyrl view``, headless Chromium.
+"""Fixtures for the skyrl-viewer tests: real short training runs and a real ``skyrl eval`` results folder, a
+running ``skyrl view``, headless Chromium.
 
 Screenshots go to ``$SKYRL_TEST_ARTIFACTS/viewer`` when that variable is set, else to a pytest temporary
 folder (``.../pytest-of-<user>/pytest-<n>/viewer-artifacts0``; the path is printed in the test report
@@ -21,7 +22,8 @@ from viewer_files import SKYRL
 
 HERE = Path(__file__).parent
 TINY_RUN = ["--trainer", "fsdp_grpo", "--model", "tiny-random", "trainer.steps=2", "trainer.batch_size=1",
-            "generator.n_samples_per_prompt=2", "trainer.micro_batch_tokens=1024", "run.console=false"]
+            "generator.n_samples_per_prompt=2", "trainer.micro_batch_tokens=1024", "trainer.eval_samples=2",
+            "run.console=false"]
 REVERSE_TEXT = ["--env", "reverse_text", "generator.max_tokens_per_turn=6", "generator.max_total_tokens=12"]
 # tests/viewer/viewer_support.py scripts the roots' and children's first turns so the tree has two levels
 RLM_TREE = ["--env", "rlm_repl", "engine.id=rlm_script_hf", "generator.id=rlm_tree", "generator.max_tokens_per_turn=120",
@@ -56,6 +58,19 @@ def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         output, _ = job.communicate(timeout=300)
         assert job.returncode == 0, f"training run {name} failed:\n{output[-4000:]}"
     return {name: base / name for name in commands}
+
+
+@pytest.fixture(scope="session")
+def eval_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ``skyrl eval`` results folder: tiny-random on two reverse_text tasks, two episodes each."""
+    pytest.importorskip("skyrl_trainers")
+    folder = tmp_path_factory.mktemp("viewer-eval") / "eval"
+    command = [str(SKYRL), "eval", *REVERSE_TEXT, "--model", "tiny-random", "--engine", "hf", "--n-tasks", "2",
+               "--samples-per-task", "2", "--show", "0", "--out", str(folder)]
+    done = subprocess.run(command, cwd=HERE, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"skyrl eval failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return folder
 
 
 class Viewer:

@@ -292,3 +292,37 @@ def test_loopback_names_and_allowed_hosts_are_answered(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- results folders of skyrl eval -----------------------------------------------------------------
+
+def test_an_eval_folder_is_read_like_a_run_with_its_summary_and_no_metrics_problem(eval_folder, tmp_path):
+    runs = [Run(eval_folder), Run(write_run(tmp_path / "run"))]
+    evaluated, trained = answer(runs, "/api/runs")["runs"]
+    assert (evaluated["model"], evaluated["env"], evaluated["steps"], evaluated["problems"]) == (
+        "tiny-random", "reverse_text", 0, [])  # the model comes from config.yaml's engine section
+    summary = evaluated["eval"]
+    assert summary["problems"] == [] and summary["info"]["samples_per_task"] == 2
+    assert {"eval/pass@1", "eval/pass@2", "eval/mean@2", "reward/mean"} <= set(summary["metrics"])
+    assert [row["n"] for row in summary["per_task"]["tasks"]] == [2, 2]
+    assert "eval" not in trained
+    assert answer(runs, "/api/runs/0/metrics") == {"rows": [], "total": 0, "problems": []}
+    samples = answer(runs, "/api/runs/0/samples")["samples"]
+    assert len(samples) == 4 and {s["step"] for s in samples} == {None} and {s["env_id"] for s in samples} == {
+        "reverse_text"}
+    detail = answer(runs, sample_path(0, samples[0]["id"]))["sample"]
+    assert detail["token_text"]["response"] is not None  # tiny-random's tokenizer: the token view has text
+    exported = export_html(runs[:1], tmp_path / "eval.html").read_text()
+    assert '"eval/pass@2"' in exported
+
+
+def test_a_broken_eval_folder_gives_problems_not_exceptions(eval_folder, tmp_path):
+    import shutil
+
+    broken = shutil.copytree(eval_folder, tmp_path / "broken")
+    (broken / "per_task.json").write_text('{"tasks": [')
+    (broken / "metrics.json").write_text("[1, 2]")
+    problems = ["metrics.json is not a JSON object", "per_task.json is not valid JSON"]
+    assert Run(broken).evaluation()["problems"] == problems
+    assert answer([Run(broken)], "/api/runs/0/metrics")["problems"] == problems
+    assert answer([Run(broken)], "/api/runs")["runs"][0]["eval"]["per_task"] == {}

@@ -84,17 +84,53 @@ def test_steps_without_learning_signal_are_shaded_on_every_chart(tmp_path, serve
     page.screenshot(path=str(artifacts / "no-signal-steps.png"), full_page=True)
 
 
+def test_an_eval_folder_shows_its_summary_and_its_samples(eval_folder, tmp_path, serve, page, artifacts):
+    records = jsonl(eval_folder / "samples.jsonl")
+    per_task = json.loads((eval_folder / "per_task.json").read_text())
+    page.goto(serve(eval_folder).url)
+    page.wait_for_selector("#eval-summary .eval-tasks")
+    summary = page.locator("#eval-summary").inner_text()
+    for expected in ("Evaluation: eval", "model tiny-random", "split test", "samples per task 2", "eval/pass@1",
+                     "eval/pass@2", "reward/mean"):
+        assert expected in summary
+    assert page.locator("#eval-summary .eval-tasks tr").count() == 1 + len(per_task["tasks"]) == 3
+    assert page.locator("#no-metrics").count() == 0 and page.locator("#notices .notice").count() == 0
+    assert page.locator("#chart-controls").is_hidden()  # no training steps: nothing to smooth or add
+    page.screenshot(path=str(artifacts / "eval-summary.png"), full_page=True)
+
+    page.goto(page.url.split("#")[0] + "#samples")  # the same sample view as a run's
+    items = page.locator("#sample-list li[data-sample-id]")
+    items.first.wait_for()
+    assert items.count() == len(records) == 4
+    assert page.locator("#step-select option").all_inner_texts() == ["evaluation"]
+    item = items.nth(1)
+    record = {r["id"]: r for r in records}[item.get_attribute("data-sample-id")]
+    item.click()
+    page.wait_for_selector(f"#sample-detail[data-sample-id='{record['id']}'] #tokens .tok")
+    conversation = page.locator("#sample-detail .conversation").inner_text()
+    assert all(message["content"] in conversation for message in record["messages"][:2])
+    assert page.locator("#tokens .tok").count() == len(record["response_ids"])
+    page.screenshot(path=str(artifacts / "eval-samples.png"), full_page=True)
+
+    page.goto(serve(write_run(tmp_path / "run", steps=2), eval_folder).url)  # beside a run: its charts and this summary
+    assert reward_points(page, 0) == 2 and page.locator("#eval-summary section.eval").count() == 1
+    assert page.locator("#chart-controls").is_visible()
+
+
 @pytest.mark.slow
 def test_metrics_have_one_point_per_step_and_overlay_runs(trained_runs, serve, page, artifacts):
     runs = [trained_runs["reverse_text"], trained_runs["rlm_tree"]]
     viewer = serve(*runs)
     page.goto(viewer.url)
     for index, folder in enumerate(runs):
-        assert reward_points(page, index) == len(jsonl(folder / "metrics.jsonl")) == 2
+        assert reward_points(page, index) == len([r for r in jsonl(folder / "metrics.jsonl") if "reward/mean" in r]) == 2
+    # the held-out evaluation (before training and after the last step) has charts of its own
+    evals = page.evaluate("() => document.getElementById('chart-eval-reward').data.map((t) => t.x)")
+    assert evals == [[0, 2], [0, 2]]
     legend = page.locator("#chart-reward g.legend").text_content()
     assert "reverse_text" in legend and "rlm_tree" in legend
     for chart in ("loss", "kl", "entropy", "grad-norm", "zero-variance", "clip-fraction", "logprob-gap", "tokens",
-                  "step-time"):
+                  "step-time", "eval-pass-rate", "eval-task-reward"):
         assert page.locator(f"#chart-{chart} .main-svg").count(), chart
     page.locator("#env-section summary").click()  # the env's own metrics (env/*), one chart each
     page.wait_for_selector("#chart-env-tree_depth_reached .main-svg")

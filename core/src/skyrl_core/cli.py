@@ -25,6 +25,7 @@ def build_app() -> typer.Typer:
         app.command(f"{kind}s", help=f"List installed {kind}s.")(_listing_command(kind))
     app.command("check")(check_command)
     app.command("rollout")(rollout_command)
+    app.command("eval")(eval_command)
     app.command("run")(run_command)
     from skyrl_core.scaffold import new_app
 
@@ -260,6 +261,18 @@ def _config_layers(env: str, config_file: Path | None, overrides: list[str] | No
     return layers
 
 
+def _rollout_split(split: str | None, layers: list[dict[str, Any]], tasks: Path | None) -> str:
+    """``--split``, else the split a run of the env evaluates on (named on stderr when the rows come from it)."""
+    if split is not None:
+        return split
+    from skyrl_core.held_out import default_split
+
+    chosen, why = default_split(layers, get_plugin_manager().registry)
+    if tasks is None:
+        typer.echo(f"split: {chosen} ({why}; --split chooses another)", err=True)
+    return chosen
+
+
 def rollout_command(
     env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
     engine: str | None = typer.Option(None, "--engine", help="Engine id (see `skyrl engines`); default: the "
@@ -270,7 +283,9 @@ def rollout_command(
     n_tasks: int = typer.Option(8, "--n-tasks", min=0, help="Tasks to run (0 = all)."),
     samples: int | None = typer.Option(None, "--samples", min=1, help="Episodes per task; default: the config's "
                                        "generator.n_samples_per_prompt when it sets one, else 1. Unused with --oracle."),
-    split: str = typer.Option("test", "--split", help="Built-in dataset split."),
+    split: str | None = typer.Option(None, "--split", help="Built-in dataset split; default: the one a run of the "
+                                     "env evaluates on (trainer.eval_split, else the env's held-out split for "
+                                     "trainer.data_split; rlm_repl: starter_test)."),
     tasks: Path | None = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
     out: Path = typer.Option(Path("rollouts.jsonl"), "--out", help="Where to write the trajectories (JSONL)."),
     config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
@@ -284,13 +299,15 @@ def rollout_command(
 
     With --oracle, the env's own gold actions play every task instead of a model: a check that the
     shipped tasks are solvable, and that the env scores a right solution at full reward.
-    """
-    import asyncio
 
-    from skyrl_core.config import build_config
-    from skyrl_core.data import DataError, load_tasks
+    The env's run_defaults (as `skyrl run` has them, but for the GRPO group size) come first; --config,
+    flags and overrides replace them.
+    """
+    from skyrl_core.data import DataError
     from skyrl_core.engine import EngineError
-    from skyrl_core.factory import ConfigError, env_class
+    from skyrl_core.factory import ConfigError
+    from skyrl_core.held_out import rollout_defaults
+    from skyrl_core.rollouts import play_rollout, prepare_rollout
 
     if oracle:
         unused = [flag for flag, value in (("--engine", engine), ("--model", model), ("--generator", generator),
@@ -300,28 +317,14 @@ def rollout_command(
         return
     flags = {"engine": {**({"id": engine} if engine else {}), **({"model": model} if model else {})},
              "generator": {"id": generator} if generator else {}}
-    pm = get_plugin_manager()
     try:
-        cfg = build_config(*_config_layers(env, config_file, overrides, flags), registry=pm.registry, need_trainer=False)
-        rows = load_tasks(env_class(cfg.env_id), cfg.env, split=split, path=str(tasks) if tasks else None,
-                          limit=n_tasks or None)
-        engine_obj = pm.registry.make("engine", cfg.engine_id, cfg.engine)
-        tokenizer = getattr(engine_obj, "tokenizer", None)
+        layers = _config_layers(env, config_file, overrides, flags)
+        layers = [rollout_defaults(layers, get_plugin_manager().registry), *layers]
+        rollout = prepare_rollout(layers, split=_rollout_split(split, layers, tasks), tasks=tasks,
+                                  n_tasks=n_tasks, samples=samples)
     except (ConfigError, RegistryError, DataError, EngineError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
-    if tokenizer is None:
-        raise _fail(f"engine {cfg.engine_id!r} has no tokenizer; set engine.tokenizer=NAME_OR_PATH")
-    if samples is None:  # the flag's default never overrides the config file or an override
-        configured = "n_samples_per_prompt" in cfg.generator.model_fields_set
-        samples = cfg.generator.n_samples_per_prompt if configured else 1
-    gen = pm.registry.make("generator", cfg.generator_id, cfg.generator, engine=engine_obj, tokenizer=tokenizer,
-                           env_id=cfg.env_id, env_config=cfg.env)
-    with _RolloutProgress(len(rows) * samples) as progress:
-        pm.register(progress)
-        try:
-            batch = asyncio.run(gen.generate(rows, n_samples=samples))
-        finally:
-            pm.unregister(progress)
+    batch = play_rollout(rollout)
     batch.to_jsonl(out)
     from rich.console import Console
 
@@ -334,7 +337,7 @@ def rollout_command(
         raise _fail(f"all {len(episodes)} episodes failed; the first: {episodes[0].error.splitlines()[0]}", code=1)
 
 
-def _oracle_rollout(env: str, *, n_tasks: int, split: str, tasks: Path | None, out: Path,
+def _oracle_rollout(env: str, *, n_tasks: int, split: str | None, tasks: Path | None, out: Path,
                     config_file: Path | None, overrides: list[str] | None, concurrency: int,
                     unused: list[str]) -> None:
     """``skyrl rollout --oracle``: play every row's gold actions, report and write the results."""
@@ -343,9 +346,12 @@ def _oracle_rollout(env: str, *, n_tasks: int, split: str, tasks: Path | None, o
     from rich.console import Console
     from rich.markup import escape
 
+    from skyrl_core.config import merge
     from skyrl_core.data import DataError, load_tasks
     from skyrl_core.factory import ConfigError, component_config, env_class
+    from skyrl_core.held_out import rollout_defaults
     from skyrl_core.oracle import play_gold
+    from skyrl_core.rollouts import RolloutProgress
 
     if unused:
         typer.echo(f"note: --oracle plays the env's gold actions; {', '.join(unused)} "
@@ -353,14 +359,17 @@ def _oracle_rollout(env: str, *, n_tasks: int, split: str, tasks: Path | None, o
     registry = get_plugin_manager().registry
     try:
         env_section = _oracle_env_section(env, config_file, overrides)
+        layers = _config_layers(env, config_file, overrides, {})
+        env_section = merge(rollout_defaults(layers, registry).get("env", {}), env_section)  # as a model rollout
         env_config = component_config("env", env, env_section, registry)
         cls = env_class(env, registry)
+        split = _rollout_split(split, layers, tasks)
         rows = load_tasks(cls, env_config, split=split, path=str(tasks) if tasks else None, limit=n_tasks or None)
     except (ConfigError, RegistryError, DataError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
     if not rows:
         raise _fail(f"no tasks to run for env {env!r} (split {split!r})")
-    with _RolloutProgress(len(rows), "oracle episodes") as progress:
+    with RolloutProgress(len(rows), "oracle episodes") as progress:
         results = asyncio.run(play_gold(cls, env_config, rows, concurrency=concurrency,
                                         on_result=lambda _result: progress.advance()))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -406,33 +415,58 @@ def _oracle_env_section(env: str, config_file: Path | None, overrides: list[str]
     return {k: v for k, v in section.items() if k != "id"}
 
 
-class _RolloutProgress:
-    """A rich progress bar advanced by the ``on_rollout_end`` hook (or by :meth:`advance`)."""
+def eval_command(
+    env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
+    engine: str | None = typer.Option(None, "--engine", help="Engine id (see `skyrl engines`); default: the "
+                                      "config's, else 'hf'."),
+    model: str | None = typer.Option(None, "--model", help="Model name or path for the engine (engine.model)."),
+    generator: str | None = typer.Option(None, "--generator", help="Generator id; default: the env's own or "
+                                         "'default'."),
+    n_tasks: int = typer.Option(8, "--n-tasks", min=0, help="Tasks to evaluate (0 = all)."),
+    samples_per_task: int | None = typer.Option(None, "--samples-per-task", min=1, help="Episodes per task, the n of "
+                                                "pass@k; default: the config's generator.n_samples_per_prompt when "
+                                                "--config or an override sets one, else 1."),
+    split: str | None = typer.Option(None, "--split", help="Built-in dataset split; default: the one a run of the "
+                                     "env evaluates on (trainer.eval_split, else the env's held-out split for "
+                                     "trainer.data_split; rlm_repl: starter_test)."),
+    tasks: Path | None = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
+    show: int = typer.Option(5, "--show", min=0, help="Episodes shown one by one in the per-sample table (0: none)."),
+    pass_threshold: float | None = typer.Option(None, "--pass-threshold", help="Reward at which an episode passes, "
+                                                "for pass@k; default: the top of the env's reward_range."),
+    out: Path | None = typer.Option(None, "--out", help="Results folder; default: evals/<env>-<model>-<time>. One "
+                                    "that already holds results is refused."),
+    config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
+    overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
+) -> None:
+    """Evaluate a model on an env: the first episodes one by one, pass@k and mean@k per task, the summary,
+    and a results folder (config, samples, metrics, per-task table) that `skyrl view` opens.
 
-    def __init__(self, total: int, description: str = "episodes") -> None:
-        from rich.progress import Progress
+    The env's run_defaults (as `skyrl run` has them) come first; --config, flags and overrides replace them.
+    """
+    from rich.console import Console
 
-        self.progress = Progress(transient=False)
-        self.task = self.progress.add_task(description, total=total)
+    from skyrl_core.data import DataError
+    from skyrl_core.engine import EngineError
+    from skyrl_core.evaluate import plan_evaluation, run_evaluation
+    from skyrl_core.factory import ConfigError
 
-    def __enter__(self) -> _RolloutProgress:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
-
-    def advance(self) -> None:
-        self.progress.advance(self.task)
-
-    def on_rollout_end(self, trajectory: Any) -> None:
-        if trajectory.parent_id is None:
-            self.advance()
-
-
-from skyrl_core.hookspecs import hookimpl  # noqa: E402
-
-_RolloutProgress.on_rollout_end = hookimpl(_RolloutProgress.on_rollout_end)  # type: ignore[method-assign]
+    flags = {"engine": {**({"id": engine} if engine else {}), **({"model": model} if model else {})},
+             "generator": {"id": generator} if generator else {}}
+    try:
+        evaluation = plan_evaluation(_config_layers(env, config_file, overrides, flags), split=split, tasks=tasks,
+                                     n_tasks=n_tasks, samples=samples_per_task, out=out, pass_threshold=pass_threshold)
+    except (ConfigError, RegistryError, DataError, EngineError, NotImplementedError) as exc:
+        raise _fail(str(exc)) from None
+    rollout = evaluation.rollout
+    why = f" ({evaluation.split_why})" if evaluation.split_why and evaluation.split_why != "--split" else ""
+    typer.echo(f"evaluating {evaluation.model} ({rollout.cfg.engine_id}) on {rollout.cfg.env_id}: {len(rollout.rows)} "
+               f"task(s) from {evaluation.source}{why}, {rollout.samples} episode(s) each", err=True)
+    result = run_evaluation(evaluation, show=show, console=Console(width=max(Console().width, 160)))
+    typer.echo(f"wrote the evaluation to {result.folder} (open it with: skyrl view {result.folder})")
+    if result.all_failed:
+        first = result.episodes[0].error or ""
+        raise _fail(f"all {len(result.episodes)} episodes failed; the first: {first.splitlines()[0] if first else ''}",
+                    code=1)
 
 
 def run_command(
@@ -466,9 +500,13 @@ def run_command(
         raise _fail(str(exc)) from None
     from rich.console import Console
 
+    from skyrl_core.held_out import eval_reward_line
     from skyrl_core.metrics import format_metrics_table
 
     Console().print(format_metrics_table("run summary", summary or {}))
+    held_out = eval_reward_line(summary or {})  # the held-out reward before and after training
+    if held_out:
+        typer.echo(held_out)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -85,12 +85,17 @@ class EnvSpec(ComponentSpec):
     # lowest config layer, so a config file or override always wins; options a chosen component does not
     # declare are left out. Lets `skyrl run --env X --trainer T` be a sensible run with no other flags.
     run_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The held-out split of each training split ({"train": "test", "starter": "starter_test"}): what a run
+    # evaluates on and what `skyrl rollout` plays by default. A training split not listed is evaluated on
+    # itself, so an env with one set of tasks for every split declares {}. See skyrl_core.held_out.
+    eval_splits: Mapping[str, str] = field(default_factory=lambda: {"train": "test"})
 
     def metadata(self) -> dict[str, Any]:
         return {"max_turns": self.max_turns, "reward_range": list(self.reward_range),
                 "needs_network": self.needs_network, "needs_docker": self.needs_docker,
                 "needs_gpu": self.needs_gpu, "default_generator": self.default_generator,
-                "stop": list(self.stop), "run_defaults": {k: dict(v) for k, v in self.run_defaults.items()}}
+                "stop": list(self.stop), "run_defaults": {k: dict(v) for k, v in self.run_defaults.items()},
+                "eval_splits": dict(self.eval_splits)}
 
 
 @dataclass(frozen=True)

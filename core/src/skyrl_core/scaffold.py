@@ -164,6 +164,7 @@ def register_envs(register: Register) -> None:
         description="Add up a few integers; answer inside <answer></answer>; one retry.",
         max_turns=2,
         reward_range=(0.0, 1.0),
+        eval_splits={"train": "test"},  # the held-out split a run evaluates on (and `skyrl rollout` plays)
     ))
 '''
 

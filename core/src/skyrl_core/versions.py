@@ -46,5 +46,20 @@ def version_lines(plugin_manager: Any) -> list[str]:
     return lines
 
 
+def installed_versions(plugin_manager: Any) -> dict[str, str]:
+    """What :func:`version_lines` prints, by name, for a file: ``python``, ``skyrl-core``, each plugin
+    distribution and each other installed ``skyrl-*`` distribution (``skyrl eval`` keeps it in eval.json)."""
+    versions = {"python": platform.python_version(), "skyrl-core": core_version()}
+    for record in plugin_manager.records():
+        versions.setdefault(record.name, record.version or "unknown")
+    known = {_normalized(name) for name in versions}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and _normalized(name).startswith("skyrl-") and _normalized(name) not in known:
+            versions[name] = dist.version
+            known.add(_normalized(name))
+    return versions
+
+
 def _normalized(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")

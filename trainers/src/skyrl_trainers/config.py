@@ -135,6 +135,20 @@ class FSDPGRPOConfig(BaseModel):
     data_split: str = Field("train", description="Split of the env's built-in dataset.")
     shuffle: bool = Field(True, description="Reshuffle tasks every epoch (seeded by run.seed).")
 
+    # held-out evaluation (README: "Held-out evaluation")
+    eval_samples: int = Field(
+        8, ge=0, description="Held-out tasks evaluated before the first step, every eval_every steps and after the "
+        "last (one episode each; the same tasks and seeds every time), spread evenly over the split; 0: no evaluation.")
+    eval_every: int = Field(0, ge=0, description="Also evaluate after every N-th step; 0: only before the first "
+                            "step and after the last.")
+    eval_split: str | None = Field(
+        None, description="Built-in split to evaluate on; default: the one the env declares held out for data_split "
+        "(EnvSpec.eval_splits; 'test' for 'train' unless the env says otherwise).")
+    eval_files: list[str] = Field(default_factory=list, description="JSONL/Parquet task files to evaluate on "
+                                  "instead of a built-in split.")
+    eval_temperature: float | None = Field(None, ge=0, description="Sampling temperature of evaluation episodes; "
+                                           "default: generator.temperature; 0: greedy.")
+
     # outputs
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
     export: bool = Field(True, description="Save the final policy as a Hugging Face folder (run_dir/export).")

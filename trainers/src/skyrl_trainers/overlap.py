@@ -189,6 +189,7 @@ class OneStepOffLoop(_Overlapped):
                 per_trajectory = versions_per_trajectory(prefetched.batch.trajectories)
                 if per_trajectory is not None:
                     metrics["async/policy_versions_per_trajectory"] = per_trajectory
+                metrics.update(await self.steps.evaluate(step, progress))  # nothing generates meanwhile
                 history.append(metrics)
                 current, upcoming = upcoming, None
                 await self.end_step(step, metrics, progress, lambda ahead=current: {
@@ -306,6 +307,7 @@ class AsyncLoop(_Overlapped):
                 per_trajectory = versions_per_trajectory(trajectories)
                 if per_trajectory is not None:
                     metrics["async/policy_versions_per_trajectory"] = per_trajectory
+                metrics.update(await self.steps.evaluate(step, progress))  # beside the producers, no push meanwhile
                 history.append(metrics)
                 await self.end_step(step, metrics, progress, self.state)
         finally:

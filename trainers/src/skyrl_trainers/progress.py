@@ -22,6 +22,7 @@ class TrainingProgress:
 
     def __init__(self, total: int, done: int = 0, enabled: bool = True) -> None:
         self.progress: Any = None
+        self.pending: str | None = None  # an evaluation's line, printed after its step's
         if enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -54,6 +55,24 @@ class TrainingProgress:
             self.progress.reset(self.episodes, total=episodes, visible=True)
             self.phase(step, "generate")
 
+    def evaluating(self, step: int, episodes: int) -> None:
+        """The held-out evaluation of the weights after ``step`` (0: before training) starts."""
+        if self.progress is not None:
+            self.rollouts(step, episodes)
+            self.phase(step, "eval")
+
+    def evaluated(self, step: int, metrics: dict[str, float], about: str) -> None:
+        """One line for a finished evaluation, ``eval after step 3  reward 0.25  pass rate 0.125  (...)``,
+        printed under its step's line (which comes once the step is logged)."""
+        if self.progress is None:
+            return
+        when = "before training" if step == 0 else f"after step {step}"
+        self.pending = (f"eval {when}  reward {metrics.get('eval/reward_mean', 0.0):.4g}  "
+                        f"pass rate {metrics.get('eval/pass_rate', 0.0):.4g}  ({about})")
+        if step == 0:
+            self.progress.console.print(self.pending)
+            self.pending = None
+
     def phase(self, step: int, name: str) -> None:
         if self.progress is not None:
             self.progress.update(self.steps, description=f"step {step}: {name}")
@@ -63,4 +82,7 @@ class TrainingProgress:
             return
         shown = "  ".join(f"{label} {metrics[key]:.4g}" for key, label in self.SHOWN if key in metrics)
         self.progress.console.print(f"step {step}  {shown}")
+        if self.pending is not None:
+            self.progress.console.print(self.pending)
+            self.pending = None
         self.progress.advance(self.steps)

@@ -36,6 +36,7 @@ from skyrl_trainers.engine_setup import (
     engine_class,
     sleeps_between_rollouts,
 )
+from skyrl_trainers.evaluation import HeldOutEval
 from skyrl_trainers.memory import use_one_malloc_arena
 from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
 from skyrl_trainers.progress import TrainingProgress
@@ -70,6 +71,7 @@ class FSDPGRPOTrainer:
         env_cls = env_class(self.config.env_id)
         stream = TaskStream(load_training_tasks(env_cls, self.config.env, cfg.train_files, cfg.data_split),
                             seed=run.seed, shuffle=cfg.shuffle)
+        held_out = HeldOutEval(self.config, env_cls)  # its tasks load, or fail, before any model does
         resume_from = self.run_folder.latest_checkpoint() if run.resume else None
         resumed = torch.load(resume_from / "trainer_state.pt", weights_only=False) if resume_from else None
         start = resumed["step"] if resumed else 0
@@ -91,16 +93,18 @@ class FSDPGRPOTrainer:
             generator = get_registry().get("generator", self.config.generator_id).load()(
                 self.config.generator, engine=engine, tokenizer=tokenizer, env_id=self.config.env_id,
                 env_config=self.config.env)
+            held_out.attach(engine, tokenizer)
             if resumed:
                 workers.call("load_checkpoint", str(resume_from))
                 stream.load_state_dict(resumed["data"])
                 set_rng_state(resumed["rng"])
                 self.run_folder.forget_after(start)
+                held_out.load_history(self.run_folder.metrics)
             weight_sync = _WeightSync(workers, engine, loop, shared)
             weight_sync(changed=True)
             logger = MetricsLogger(self.run_folder.path, console=False, wandb_project=run.wandb_project,
                                    wandb_mode=run.wandb_mode, config=self.config.to_dict())
-            step_loop = _StepLoop(self, workers, engine, generator, stream, loop, logger, weight_sync)
+            step_loop = _StepLoop(self, workers, engine, generator, stream, loop, logger, weight_sync, held_out)
             with TrainingProgress(total=cfg.steps, done=start, enabled=run.console) as progress:
                 summary = step_loop.run(start, progress)
             if cfg.export:
@@ -127,8 +131,10 @@ class _StepLoop:
     """The per-step work of :meth:`FSDPGRPOTrainer.fit`, kept apart from setup and teardown."""
 
     def __init__(self, trainer: FSDPGRPOTrainer, workers: Any, engine: Any, generator: Any, stream: TaskStream,
-                 loop: asyncio.AbstractEventLoop, logger: MetricsLogger, weight_sync: _WeightSync) -> None:
+                 loop: asyncio.AbstractEventLoop, logger: MetricsLogger, weight_sync: _WeightSync,
+                 held_out: HeldOutEval) -> None:
         self.trainer, self.cfg, self.run_folder = trainer, trainer.cfg, trainer.run_folder
+        self.held_out = held_out
         self.workers, self.engine, self.generator = workers, engine, generator
         self.stream, self.loop, self.logger = stream, loop, logger
         self.sleeps = sleeps_between_rollouts(engine)
@@ -147,18 +153,31 @@ class _StepLoop:
                         type(generator).__name__)
 
     def run(self, start: int, progress: TrainingProgress) -> dict[str, float]:
+        if start == 0 and self.held_out.due(0):  # the initial policy, before any mode's loop starts
+            self.logger.log(0, self.loop.run_until_complete(self.evaluate(0, progress)))
         if self.cfg.mode != "sync":
             overlapped = OneStepOffLoop if self.cfg.mode == "one_step_off" else AsyncLoop
-            return self.loop.run_until_complete(overlapped(self).run(start, progress))
+            return {**self.loop.run_until_complete(overlapped(self).run(start, progress)), **self.held_out.summary()}
         history: list[dict[str, float]] = []
         started = time.perf_counter()
         step = start
         for step in range(start + 1, self.cfg.steps + 1):
             metrics = self.step(step, progress)
+            metrics.update(self.loop.run_until_complete(self.evaluate(step, progress)))
             history.append(metrics)
             if self.end_step(step, metrics, progress):
                 self.checkpoint(step)
-        return summarize(history, step, time.perf_counter() - started)
+        return {**summarize(history, step, time.perf_counter() - started), **self.held_out.summary()}
+
+    async def evaluate(self, step: int, progress: TrainingProgress) -> dict[str, float]:
+        """``eval/*`` of the weights after ``step`` (0: before training) when an evaluation is due, else ``{}``
+        (:mod:`.evaluation`); the caller logs them with its step."""
+        if not self.held_out.due(step):
+            return {}
+        progress.evaluating(step, len(self.held_out.tasks))
+        metrics = await self.held_out.run(step)
+        progress.evaluated(step, metrics, self.held_out.about)
+        return metrics
 
     def end_step(self, step: int, metrics: dict[str, float], progress: TrainingProgress) -> bool:
         """Log the step and call the plugins' ``on_train_step_end``; whether a checkpoint is due now."""

@@ -1,7 +1,8 @@
 """The JSON API the page reads, as plain functions of a path: the server answers with them on each
 request (so the page sees a run as it grows) and ``--export`` stores their answers in the HTML file.
 
-    /api/runs                        the runs: name, path, model, env, steps, problems
+    /api/runs                        the runs: name, path, model, env, steps, problems; an evaluation
+                                     (a results folder of ``skyrl eval``) also its ``eval`` summary
     /api/runs/<i>/metrics?from=N     metrics rows (from row N on), total row count, problems
     /api/runs/<i>/samples            one summary per stored trajectory (tree links, reward, stop)
     /api/runs/<i>/samples/<id>       one trajectory, plus the text of its tokens; a trajectory whose
@@ -85,9 +86,13 @@ def run_summary(index: int, run: Run) -> dict[str, Any]:
     config = run.config()
     env = config.get("env")
     metrics = run.metrics()
-    return {"index": index, "name": run.name, "path": str(run.path), "model": run.model_name(),
-            "env": env.get("id") if isinstance(env, dict) else None,
-            "steps": len(metrics.records), "problems": metrics.problems}
+    summary = {"index": index, "name": run.name, "path": str(run.path), "model": run.model_name(),
+               "env": env.get("id") if isinstance(env, dict) else None,
+               "steps": len(metrics.records), "problems": metrics.problems}
+    evaluation = run.evaluation()
+    if evaluation is not None:  # what skyrl eval wrote: eval.json (info), metrics.json, per_task.json
+        summary["eval"] = evaluation
+    return summary
 
 
 def sample_summary(record: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,8 @@ def register_commands(cli: Any) -> None:
 
 
 def view_command(
-    run_dirs: list[Path] = typer.Argument(..., help="Run folders (each with metrics.jsonl, samples.jsonl)."),  # noqa: B008
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders (each with metrics.jsonl, samples.jsonl) or "  # noqa: B008
+                                          "results folders of skyrl eval (eval.json, samples.jsonl)."),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="Port to serve on (0: any free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; the default is this machine only."),
     allowed_hosts: list[str] | None = typer.Option(None, "--allowed-host", help="A name the page may be reached by "  # noqa: B008
@@ -37,7 +38,8 @@ def view_command(
     max_line_mb: int = typer.Option(DEFAULT_MAX_LINE_BYTES >> 20, "--max-line-mb", min=1,
                                     help="Larger lines of metrics.jsonl/samples.jsonl are skipped and reported."),
 ) -> None:
-    """Show runs in the browser: metrics charts (live), sample trajectories with tokens, RLM trees."""
+    """Show runs in the browser: metrics charts (live), sample trajectories with tokens, RLM trees; and the
+    results folders of `skyrl eval`: their summary and per-task tables, and their samples like a run's."""
     runs = [Run(path, max_line_bytes=max_line_mb << 20) for path in run_dirs]
     if export is not None:
         from skyrl_viewer.export import export_html

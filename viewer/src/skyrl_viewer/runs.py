@@ -1,4 +1,5 @@
-"""Read run folders as the trainer writes them, tolerating folders that are missing, partial or growing.
+"""Read run folders as the trainer writes them, tolerating folders that are missing, partial or growing,
+and the results folders of ``skyrl eval`` (``eval.json`` beside the same ``config.yaml`` and ``samples.jsonl``).
 
 Nothing here raises on a bad folder: every reader returns what it could read plus ``problems``, short
 sentences the page shows instead of a blank chart (no ``metrics.jsonl``, a truncated last line that is
@@ -19,6 +20,9 @@ from typing import IO, Any
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 CONFIG_FILE = "config.yaml"
+EVAL_FILE = "eval.json"  # the results folder of `skyrl eval` (skyrl_core.eval_folder), written last
+EVAL_METRICS_FILE = "metrics.json"
+PER_TASK_FILE = "per_task.json"
 DEFAULT_MAX_LINE_BYTES = 256 << 20
 MAX_DEPTH = 100  # deeper lines are skipped: the API and the export walk records recursively
 
@@ -37,6 +41,7 @@ class Lines:
 
 
 _parsed: dict[Path, tuple[tuple[int, int, int], Lines]] = {}  # path -> (version, lines): unchanged files parse once
+_objects: dict[Path, tuple[tuple[int, int, int], dict[str, Any], str | None]] = {}  # the same for JSON files
 
 
 def read_jsonl(path: Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Lines:
@@ -117,7 +122,11 @@ class Run:
         self.max_line_bytes = max_line_bytes
 
     def metrics(self) -> Lines:
-        """Rows of ``metrics.jsonl`` that carry a numeric ``step``, in step order."""
+        """Rows of ``metrics.jsonl`` that carry a numeric ``step``, in step order (none for an evaluation,
+        which trains no steps: its problems are those of its result files)."""
+        evaluation = self.evaluation()
+        if evaluation is not None and not (self.path / METRICS_FILE).is_file():
+            return Lines([], list(evaluation["problems"]))
         missing = self._missing(METRICS_FILE, "the run has not logged a step yet, or this is not a run folder")
         if missing:
             return missing
@@ -138,6 +147,52 @@ class Run:
         for index, record in enumerate(lines.records):
             record.setdefault("id", f"line{index + 1}")
         return lines
+
+    def is_eval(self) -> bool:
+        """Whether this is a results folder of ``skyrl eval`` (it has ``eval.json``) rather than a run."""
+        return (self.path / EVAL_FILE).is_file()
+
+    def evaluation(self) -> dict[str, Any] | None:
+        """What ``skyrl eval`` wrote (``eval.json``, ``metrics.json``, ``per_task.json``), each ``{}`` when
+        unreadable, plus ``problems``; ``None`` for a folder that is not an evaluation."""
+        if not self.is_eval():
+            return None
+        found: dict[str, Any] = {"problems": []}
+        for key, name in (("info", EVAL_FILE), ("metrics", EVAL_METRICS_FILE), ("per_task", PER_TASK_FILE)):
+            found[key], problem = self._json_object(name)
+            if problem:
+                found["problems"].append(problem)
+        return found
+
+    def _json_object(self, name: str) -> tuple[dict[str, Any], str | None]:
+        """The JSON object in file ``name`` and ``None``, or ``{}`` and what is wrong with the file."""
+        path = self.path / name
+        try:
+            stat = path.stat()
+            version = (stat.st_mtime_ns, stat.st_size, self.max_line_bytes)
+            cached = _objects.get(path)
+            if cached and cached[0] == version:
+                return dict(cached[1]), cached[2]
+            if stat.st_size > self.max_line_bytes:
+                return {}, f"{name} is larger than {self.max_line_bytes / 2**20:g} MB and was skipped"
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return {}, f"no {name} in {self.path}: the evaluation did not finish writing its results"
+        except OSError as exc:
+            return {}, f"{name} cannot be read: {exc.strerror or exc}"
+        value: Any = {}
+        problem = None
+        if _nests_deeper(text, MAX_DEPTH):
+            problem = f"{name} nests deeper than {MAX_DEPTH} levels and was skipped"
+        else:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                problem = f"{name} is not valid JSON"
+        if problem is None and not isinstance(value, dict):
+            value, problem = {}, f"{name} is not a JSON object"
+        _objects[path] = (version, value if isinstance(value, dict) else {}, problem)
+        return dict(_objects[path][1]), problem
 
     def _missing(self, name: str, why: str) -> Lines | None:
         """An empty result with the reason when the folder or its file ``name`` is not there."""
@@ -160,6 +215,11 @@ class Run:
         return data if isinstance(data, dict) else {}
 
     def model_name(self) -> str | None:
-        trainer = self.config().get("trainer")
-        model = trainer.get("model") if isinstance(trainer, dict) else None
-        return model if isinstance(model, str) else None
+        """The policy (``trainer.model``), else the evaluated model (``engine.model``, an evaluation's)."""
+        config = self.config()
+        for section in ("trainer", "engine"):
+            options = config.get(section)
+            model = options.get("model") if isinstance(options, dict) else None
+            if isinstance(model, str):
+                return model
+        return None

@@ -20,6 +20,7 @@ def register_envs(register):
         description="Reverse a short string; answer inside <answer></answer>; retries allowed.",
         max_turns=2,
         reward_range=(0.0, 1.0),
+        eval_splits={"train": "test"},  # the split a run evaluates on, and `skyrl rollout` plays by default
     ))
 
 

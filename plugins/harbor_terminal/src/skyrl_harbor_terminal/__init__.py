@@ -21,6 +21,7 @@ def register_envs(register):
         description="Harbor/Terminal-Bench tasks: shell commands in a task container, scored by the task's tests.",
         max_turns=16,
         needs_docker=True,
+        eval_splits={},  # one set of tasks (env.tasks) for every split: a run evaluates on its training tasks
     ))
 
 

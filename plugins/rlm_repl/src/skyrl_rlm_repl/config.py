@@ -39,7 +39,8 @@ class FormatReward(BaseModel):
     ``final_called`` once when it submits a final answer. The task's own reward is scaled by
     ``1 - block_runs - final_called``, so the episode reward stays in [0, 1] and a right answer
     always beats a well-formed wrong one. ``env/task_reward`` reports the unshaped task reward. The
-main job turns it on (0.1 each, the env's ``run_defaults``); evaluation leaves it off.
+main job turns it on (0.1 each, the env's ``run_defaults``, which ``skyrl rollout`` and a run's held-out
+evaluation use too; their ``env/task_reward`` is the unshaped score).
     """
 
     model_config = ConfigDict(extra="forbid")

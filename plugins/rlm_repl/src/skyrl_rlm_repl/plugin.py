@@ -24,6 +24,8 @@ def register_envs(register: Register) -> None:
         max_turns=10,
         reward_range=(0.0, 1.0),
         default_generator="rlm_tree",
+        # Held out per training split: what a run evaluates on and `skyrl rollout` plays by default.
+        eval_splits={"starter": "starter_test", "train": "validation"},
         # The main job (`skyrl run --env rlm_repl --trainer fsdp_grpo`): the starter curriculum, which the
         # embedded 135M model solves now and then, so GRPO has a signal from the first step; about
         # 10 minutes on 2 CPU cores. Train on the evidence task with trainer.data_split=train.

@@ -20,6 +20,7 @@ def register_envs(register):
         description="Search-R1: reason, <search> a retriever, answer in <answer>; exact-match reward.",
         max_turns=4,
         stop=("</search>", "</answer>"),
+        eval_splits={"train": "test"},  # env.data_files: the file of split 'test' (or set trainer.eval_split)
     ))
 
 

@@ -21,6 +21,7 @@ def register_envs(register):
         max_turns=5,
         reward_range=(-1.0, 1.0),
         stop=("</sql>", "</solution>"),
+        eval_splits={"train": "test"},  # env.data_files: the file of split 'test' (or set trainer.eval_split)
     ))
 
 

@@ -1,4 +1,4 @@
-// skyrl view: metrics charts, sample trajectories and RLM trees of run folders.
+// skyrl view: metrics charts, sample trajectories and RLM trees of run folders, and evaluations (skyrl eval).
 // Data comes from the server's JSON API, or from window.SKYRL_EXPORT in an exported file.
 "use strict";
 
@@ -8,6 +8,10 @@ const COLORS = ["#2f6fdb", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#0b7285"
 const PANELS = [
   { id: "reward", title: "Reward (mean ± std)", keys: ["reward/mean"], band: "reward/std", always: true },
   { id: "task-reward", title: "Task reward (env)", keys: ["env/task_reward"] },
+  // held-out evaluation of fsdp_grpo (trainer.eval_*): step 0, every eval_every steps and the last step
+  { id: "eval-reward", title: "Held-out reward (eval)", keys: ["eval/reward_mean"] },
+  { id: "eval-pass-rate", title: "Held-out pass rate (eval)", keys: ["eval/pass_rate"] },
+  { id: "eval-task-reward", title: "Held-out task reward (eval, env)", keys: ["eval/env/task_reward"] },
   { id: "loss", title: "Loss", keys: ["train/loss"] },
   { id: "kl", title: "KL", keys: ["train/kl"] },
   { id: "entropy", title: "Entropy", keys: ["train/entropy"] },
@@ -130,13 +134,14 @@ function allKeys() {
 
 const keyPanel = (k) => ({ id: k.replace(/\W+/g, "-"), title: k, keys: [k] });
 
-// Training panels (fixed, plus the ones added from the menu) and the env's own metrics (env/*).
+// Training panels (fixed, plus the ones added from the menu) and the env's own metrics (env/*, and eval/env/*
+// of the held-out evaluation).
 function panels() {
   const keys = allKeys();
   const present = (panel) => panel.always || panel.keys.some((k) => keys.includes(k));
   return {
     main: PANELS.filter(present).concat(state.extra.map(keyPanel)),
-    env: keys.filter((k) => k.startsWith("env/") && !SHOWN_KEYS.has(k)).map(keyPanel),
+    env: keys.filter((k) => (k.startsWith("env/") || k.startsWith("eval/env/")) && !SHOWN_KEYS.has(k)).map(keyPanel),
   };
 }
 
@@ -174,8 +179,16 @@ function drawPanels(box, wanted, lastStep) {
 }
 
 function renderMetrics() {
+  renderEvals();
   const box = $("charts");
   const steps = state.rows.reduce((n, rows) => n + rows.length, 0);
+  const evalsOnly = state.runs.every((run) => run.eval);  // evaluations train no steps: their summary is the view
+  $("chart-controls").hidden = evalsOnly && !steps;
+  if (evalsOnly && !steps) {
+    box.replaceChildren();
+    $("env-section").hidden = true;
+    return;
+  }
   if (!window.Plotly) {
     box.replaceChildren(el("div", { class: "empty" }, "The chart library (plotly.min.js) did not load."));
     return;
@@ -233,6 +246,36 @@ async function poll() {
   setStatus(`live · ${new Date().toLocaleTimeString()}`);
 }
 
+// ---- evaluations (results folders of skyrl eval) ------------------------------------------------
+
+const shown = (v) => (v === null || v === undefined ? "-" : fmt(v));
+
+function evalPanel(run) {
+  const { info = {}, metrics = {}, per_task: table = {} } = run.eval;
+  const tasks = Array.isArray(table.tasks) ? table.tasks : [];
+  const columns = (table.columns || []).filter((c) => c !== "errors" || tasks.some((t) => t.errors));
+  const source = info.tasks_file ? `file ${info.tasks_file}` : `split ${info.split}`;
+  const facts = [["env", info.env], ["model", info.model], ["engine", info.engine], ["generator", info.generator],
+    ["tasks", info.tasks !== undefined ? `${info.tasks} from ${source}` : null], ["samples per task", info.samples_per_task],
+    ["passing", info.pass_threshold !== undefined ? `reward ≥ ${fmt(info.pass_threshold)}` : null], ["started", info.started]];
+  const numbers = Object.entries(metrics).filter(([, v]) => typeof v === "number");
+  return el("section", { class: "eval", "data-run": run.index },
+    el("h2", { text: `Evaluation: ${run.name}` }),
+    el("div", {}, ...facts.filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => el("span", { class: "badge" }, `${k} ${fmt(v)}`))),
+    el("div", { class: "eval-tables" },
+      el("div", {}, el("h3", { text: "Summary" }), el("table", { class: "kv eval-metrics" },
+        ...numbers.map(([k, v]) => el("tr", {}, el("td", { text: k }), el("td", { text: fmt(v) }))))),
+      tasks.length ? el("div", {}, el("h3", { text: `Per task (${tasks.length})` }), el("table", { class: "grid eval-tasks" },
+        el("tr", {}, ...columns.map((c) => el("th", { text: c }))),
+        ...tasks.map((t) => el("tr", {}, ...columns.map((c) => el("td", { text: shown(t[c]) })))))) : ""));
+}
+
+function renderEvals() {
+  const evals = state.runs.filter((run) => run.eval);
+  $("eval-summary").hidden = !evals.length;
+  $("eval-summary").replaceChildren(...evals.map(evalPanel));
+}
+
 // ---- samples ----------------------------------------------------------------------------------
 
 async function loadSamples() {
@@ -249,6 +292,12 @@ async function loadSamples() {
 }
 
 function childrenOf(id) { return state.kids.get(id) || []; }
+
+// An evaluation's samples have no training step: they are all of the evaluation.
+function stepName(step) {
+  if (step !== null) return `step ${step}`;
+  return state.runs[state.run]?.eval ? "evaluation" : "unknown";
+}
 
 function isRoot(s) { return !state.ids.has(s.parent_id); }
 
@@ -271,7 +320,7 @@ function renderSamples() {
   }
   const steps = [...new Set(samples.map((s) => s.step ?? null))].sort((a, b) => (a ?? -1) - (b ?? -1));
   if (!steps.includes(state.step)) state.step = steps[steps.length - 1];
-  $("step-select").replaceChildren(...steps.map((step) => el("option", { value: String(step), selected: step === state.step, text: step === null ? "unknown" : `step ${step}` })));
+  $("step-select").replaceChildren(...steps.map((step) => el("option", { value: String(step), selected: step === state.step, text: stepName(step) })));
   list.replaceChildren(...samples.filter((s) => (s.step ?? null) === state.step && isRoot(s)).map((s) =>
     el("li", { "data-sample-id": s.id, class: s.id === state.selected ? "selected" : null, onclick: () => selectSample(s.id) },
       summaryLine(s), el("span", { class: "title", text: s.title || "" }))));

@@ -1,0 +1,99 @@
+"""Episodes without training, as ``skyrl rollout`` and ``skyrl eval`` both play them.
+
+The two commands resolve the same things from their flags (the config, the task rows, the engine and
+the generator) and play one batch with a progress bar; they differ only in what they do with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skyrl_core.config import ResolvedConfig, build_config
+from skyrl_core.data import load_tasks
+from skyrl_core.env import TextEnv
+from skyrl_core.factory import ConfigError, env_class
+from skyrl_core.hookspecs import hookimpl
+from skyrl_core.plugins import get_plugin_manager
+from skyrl_core.trajectory import TrajectoryBatch
+
+
+@dataclass
+class Rollout:
+    """Everything one batch of episodes needs, resolved and loaded."""
+
+    cfg: ResolvedConfig
+    env_cls: type[TextEnv]
+    rows: list[dict[str, Any]]
+    engine: Any
+    generator: Any
+    samples: int
+
+    @property
+    def episodes(self) -> int:
+        return len(self.rows) * self.samples
+
+
+def prepare_rollout(layers: Sequence[Mapping[str, Any]], *, split: str, tasks: Path | None, n_tasks: int,
+                    samples: int | None) -> Rollout:
+    """Validate ``layers`` (later wins), read the task rows, make the engine and the generator.
+
+    ``samples=None`` takes the config's ``generator.n_samples_per_prompt`` when a layer sets it, else 1
+    (the generator's own default is a GRPO group size, not a number of episodes to look at). Raises
+    :class:`~skyrl_core.factory.ConfigError`, ``RegistryError``, ``DataError`` or ``EngineError`` with a
+    message for the user.
+    """
+    pm = get_plugin_manager()
+    cfg = build_config(*layers, registry=pm.registry, need_trainer=False)
+    cls = env_class(cfg.env_id, pm.registry)
+    rows = load_tasks(cls, cfg.env, split=split, path=str(tasks) if tasks else None, limit=n_tasks or None)
+    engine = pm.registry.make("engine", cfg.engine_id, cfg.engine)
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        raise ConfigError(f"engine {cfg.engine_id!r} has no tokenizer; set engine.tokenizer=NAME_OR_PATH")
+    if samples is None:  # a flag's default never overrides the config file or an override
+        configured = "n_samples_per_prompt" in cfg.generator.model_fields_set
+        samples = cfg.generator.n_samples_per_prompt if configured else 1
+    generator = pm.registry.make("generator", cfg.generator_id, cfg.generator, engine=engine, tokenizer=tokenizer,
+                                 env_id=cfg.env_id, env_config=cfg.env)
+    return Rollout(cfg, cls, rows, engine, generator, samples)
+
+
+def play_rollout(rollout: Rollout, *, stderr: bool = False) -> TrajectoryBatch:
+    """Every row's episodes in one generator call, with a progress bar (on stderr when asked)."""
+    pm = get_plugin_manager()
+    with RolloutProgress(rollout.episodes, stderr=stderr) as progress:
+        pm.register(progress)
+        try:
+            return asyncio.run(rollout.generator.generate(rollout.rows, n_samples=rollout.samples))
+        finally:
+            pm.unregister(progress)
+
+
+class RolloutProgress:
+    """A rich progress bar advanced by the ``on_rollout_end`` hook (or by :meth:`advance`)."""
+
+    def __init__(self, total: int, description: str = "episodes", *, stderr: bool = False) -> None:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.progress = Progress(transient=False, console=Console(stderr=True) if stderr else None)
+        self.task = self.progress.add_task(description, total=total)
+
+    def __enter__(self) -> RolloutProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+    @hookimpl
+    def on_rollout_end(self, trajectory: Any) -> None:
+        if trajectory.parent_id is None:
+            self.advance()
