@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyrl_core.config import env_run_defaults, merge
+from skyrl_core.eval_scores import passes
 from skyrl_core.registry import EnvSpec, Registry
 from skyrl_core.trajectory import TrajectoryBatch
 
@@ -84,9 +85,7 @@ def held_out_metrics(batch: TrajectoryBatch, reward_range: tuple[float, float]) 
     """
     metrics = {_eval_name(key): float(value) for key, value in batch.metrics.items()}
     episodes = [t for t in batch.roots() if t.is_last_step]
-    top = reward_range[1]
-    tolerance = 1e-6 * max(1.0, abs(top))
-    solved = sum(t.error is None and t.reward >= top - tolerance for t in episodes)
+    solved = sum(passes(t, reward_range[1]) for t in episodes)
     metrics["eval/pass_rate"] = solved / len(episodes) if episodes else 0.0
     metrics["eval/tasks"] = float(len({t.group_id for t in episodes}))
     return metrics
