@@ -27,6 +27,7 @@ def build_app() -> typer.Typer:
     app.command("rollout")(rollout_command)
     app.command("eval")(eval_command)
     app.command("run")(run_command)
+    app.command("node-resources")(node_resources_command)
     from skyrl_core.scaffold import new_app
 
     app.add_typer(new_app(), name="new")
@@ -70,6 +71,19 @@ def plugins_command(all: bool = typer.Option(False, "--all", help="Include core'
     typer.echo(json.dumps([r.to_dict() for r in records], indent=2))
     for message in sorted({m for r in records for m in r.clashes}):
         typer.echo(f"clash: {message}", err=True)
+
+
+def node_resources_command(
+    sweep: bool = typer.Option(False, "--sweep", help="Also remove what dead processes left on this machine "
+                               "(sandbox containers, folders, cgroups) and print what was removed on stderr."),
+) -> None:
+    """Print this machine's Ray resources for env workers as JSON, for `ray start --resources "$(skyrl
+    node-resources)"`: one entry per sandbox backend that works here (plugins' node_resources hook)."""
+    from skyrl_core.nodes import node_resources, sweep_orphans
+
+    if sweep:
+        typer.echo(json.dumps(sweep_orphans()), err=True)
+    typer.echo(json.dumps(node_resources()))
 
 
 def _listing_command(kind: Kind) -> Any:

@@ -42,6 +42,10 @@ class RunOptions(BaseModel):
     wandb_project: str | None = Field(None, description="Log to Weights & Biases under this project.")
     wandb_mode: str | None = Field(None, description="online/offline; default offline without WANDB_API_KEY.")
     console: bool = Field(True, description="Rich progress bars and tables on the console.")
+    ray_address: str | None = Field(
+        None, description="Ray cluster to join for everything placed on Ray (env workers, engine replicas, trainer "
+        "ranks): auto (the `ray start` of this machine), HOST:PORT or ray://HOST:10001; default: a local Ray, "
+        "started only when something needs it.")
 
 
 @dataclass

@@ -28,6 +28,9 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop ids besides EOS.")
     ignore_eos: bool = Field(False, description="Decode past EOS (until max_tokens, a stop string or a stop id).")
     seed: int | None = None
+    session_id: str | None = Field(
+        None, description="Requests of one session (a multi-turn episode) go to the same engine replica, whose "
+        "prefix cache holds its context; engines with one replica ignore it.")
 
 
 @dataclass

@@ -190,6 +190,15 @@ class TextEnv(gymnasium.Env):
         return {}
 
     @classmethod
+    def ray_resources(cls, config: EnvConfig) -> dict[str, float]:
+        """Custom Ray resources one env worker of this env needs on its node (``generator.env_placement=ray``).
+
+        E.g. ``{"docker": 1}`` for an env whose sandboxes are containers: its workers are then placed only
+        on nodes that advertise ``docker`` (``skyrl node-resources``). Default: none, any node will do.
+        """
+        return {}
+
+    @classmethod
     def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:
         """The env's built-in task rows for ``split`` (``"train"``, ``"test"``), if it ships any.
 

@@ -18,16 +18,20 @@ import logging
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_core.chat import ChatRenderer, ChatTokenizer
 from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
 from skyrl_core.env import EnvConfig, TextEnv
+from skyrl_core.env_pool import WORKER_LOST, RemoteEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.plugins import get_plugin_manager, get_registry
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch, Turn
+
+if TYPE_CHECKING:
+    from skyrl_core.env_pool import RayEnvPool
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,20 @@ class GeneratorConfig(BaseModel):
     max_concurrency: int = Field(256, ge=1, description="Episodes in flight at once.")
     end_of_turn_token_id: int | None = Field(None, description="Defaults to the tokenizer's EOS id.")
     seed: int = 0
+    # where envs run (README of skyrl-core: "Env workers on Ray")
+    env_placement: Literal["local", "ray"] = Field(
+        "local", description="local: envs in this process; ray: in env worker actors placed on Ray nodes that "
+        "offer the env's resources (run.ray_address joins a cluster, else a local Ray is started).")
+    envs_per_worker: int = Field(8, ge=1, description="env_placement=ray: live envs (and sandboxes) per env worker.")
+    max_env_workers: int = Field(16, ge=1, description="env_placement=ray: most env workers started at once "
+                                 "(also bounded by what the cluster's nodes offer).")
+    env_resources: dict[str, float] | None = Field(
+        None, description="env_placement=ray: Ray resources per env worker, instead of what the env declares "
+        "(e.g. {docker: 1}).")
+    max_env_retries: int = Field(2, ge=0, description="env_placement=ray: times an episode whose env worker was lost "
+                                 "is played again on another; then its group is dropped.")
+    env_call_timeout: float = Field(900.0, gt=0, description="env_placement=ray: seconds a reset/step may take "
+                                    "before its worker counts as lost (killed and replaced).")
 
 
 class MultiTurnGenerator:
@@ -100,11 +118,32 @@ class MultiTurnGenerator:
         if config.max_turns is not None:
             env_config = env_config.model_copy(update={"max_turns": config.max_turns})
         self.env_config = env_config
+        self._env_pool: RayEnvPool | None = None
 
-    def sampling_params(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
+    @property
+    def env_pool(self) -> RayEnvPool | None:
+        """The env workers on Ray (``env_placement=ray``), started on first use; ``None`` for local envs."""
+        if self._env_pool is None and self.config.env_placement == "ray":
+            from skyrl_core.env_pool import RayEnvPool
+
+            c = self.config
+            self._env_pool = RayEnvPool(self.env_cls, self.env_config, envs_per_worker=c.envs_per_worker,
+                                        max_workers=c.max_env_workers, resources=c.env_resources,
+                                        call_timeout=c.env_call_timeout)
+        return self._env_pool
+
+    def close(self) -> None:
+        """Release the env workers (``env_placement=ray``); local envs need nothing."""
+        if self._env_pool is not None:
+            self._env_pool.close()
+            self._env_pool = None
+
+    def sampling_params(self, max_tokens: int, seed: int | None = None,
+                        session_id: str | None = None) -> SamplingParams:
         c = self.config
         return SamplingParams(max_tokens=max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                              stop=self.stop, stop_token_ids=[self.renderer.end_of_turn_id], seed=seed)
+                              stop=self.stop, stop_token_ids=[self.renderer.end_of_turn_id], seed=seed,
+                              session_id=session_id)
 
     @property
     def batch_seed(self) -> int:
@@ -144,6 +183,7 @@ class MultiTurnGenerator:
 
     async def _generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None) -> TrajectoryBatch:
         n = n_samples or self.config.n_samples_per_prompt
+        _ = self.env_pool  # env_placement=ray: workers placeable (or a ConfigError) before any episode starts
         semaphore = asyncio.Semaphore(self.config.max_concurrency)
         jobs = []
         repeats: dict[str, int] = {}
@@ -154,53 +194,73 @@ class MultiTurnGenerator:
             for sample in range(n):
                 jobs.append(self._bounded(semaphore, dict(task), group_id, sample, f"{place}/{sample}"))
         started = time.perf_counter()
-        episodes = await asyncio.gather(*jobs)
+        lost_before = self._env_pool.workers_lost if self._env_pool is not None else 0
+        played = await asyncio.gather(*jobs)
+        episodes = [episode for episode, _ in played]
+        dropped = drop_lost_groups(episodes, self.config.max_env_retries)
         trajectories = [t for episode in episodes for t in self.training_samples(episode)]
         batch = TrajectoryBatch(trajectories)
         batch.metrics = rollout_metrics(episodes, time.perf_counter() - started)
+        if self._env_pool is not None:
+            batch.metrics.update({"ray/episodes_retried": float(sum(retries for _, retries in played)),
+                                  "ray/workers_lost": float(self._env_pool.workers_lost - lost_before),
+                                  "ray/groups_dropped": float(dropped), **self._env_pool.stats()})
         return batch
 
     async def _bounded(self, semaphore: asyncio.Semaphore, task: dict[str, Any], group_id: str,
-                       sample: int, key: str) -> Trajectory:
+                       sample: int, key: str) -> tuple[Trajectory, int]:
+        """One episode and how often it was played again because its env worker was lost."""
         async with semaphore:
-            trajectory = Trajectory(group_id=group_id, sample_index=sample, env_id=self.env_id, task=task)
-            token = _EPISODE_KEY.set((trajectory, key))
-            try:
-                await self.run_episode(trajectory)
-            finally:
-                _EPISODE_KEY.reset(token)
+            retries = 0
+            while True:
+                trajectory = Trajectory(group_id=group_id, sample_index=sample, env_id=self.env_id, task=task)
+                token = _EPISODE_KEY.set((trajectory, key))
+                try:
+                    await self.run_episode(trajectory)
+                finally:
+                    _EPISODE_KEY.reset(token)
+                if trajectory.stop_reason != WORKER_LOST or retries == self.config.max_env_retries:
+                    break
+                retries += 1
         get_plugin_manager().hook.on_rollout_end(trajectory=trajectory)
-        return trajectory
+        return trajectory, retries
 
-    def new_env(self, task: Mapping[str, Any]) -> TextEnv:
+    def new_env(self, task: Mapping[str, Any]) -> TextEnv | RemoteEnv:
+        """A local env for ``task``, or (``env_placement=ray``) its stand-in on an env worker."""
+        pool = self.env_pool
+        if pool is not None:
+            return RemoteEnv(pool, task)
         return self.env_cls(task=task, config=self.env_config)
 
     async def run_episode(self, trajectory: Trajectory) -> Trajectory:
         """Fill ``trajectory`` by playing one episode; never raises."""
         started = time.perf_counter()
-        env: TextEnv | None = None
+        env: TextEnv | RemoteEnv | None = None
         try:
             env = self.new_env(trajectory.task)
             seed = self.config.seed + trajectory.sample_index
-            messages, _ = await asyncio.to_thread(env.reset, seed=seed, options={"task": trajectory.task})
+            messages, _ = await reset_env(env, seed=seed, options={"task": trajectory.task})
             trajectory.messages = list(messages)
             await self._play(env, trajectory)
         except EpisodeStop as stop:
             trajectory.stop_reason = stop.stop_reason
         except Exception as exc:  # noqa: BLE001 - isolate the failure to this episode
             trajectory.error = f"{type(exc).__name__}: {exc}"
-            trajectory.stop_reason = "error"
-            log.warning("episode %s (task %s) failed: %s\n%s", trajectory.id, trajectory.group_id,
-                        trajectory.error, traceback.format_exc())
+            trajectory.stop_reason = getattr(exc, "stop_reason", "error")
+            if trajectory.stop_reason == WORKER_LOST:
+                log.warning("episode %s (task %s): %s", trajectory.id, trajectory.group_id, exc)
+            else:
+                log.warning("episode %s (task %s) failed: %s\n%s", trajectory.id, trajectory.group_id,
+                            trajectory.error, traceback.format_exc())
         finally:
             if env is not None:
-                trajectory.metrics.update(_safe_metrics(env))
-                await asyncio.to_thread(_safe_close, env)
+                trajectory.env_node = getattr(env, "node_id", None)
+                trajectory.metrics.update(await finish_env(env))
         trajectory.reward = sum(t.reward for t in trajectory.turns)
         trajectory.metrics.setdefault("episode_seconds", time.perf_counter() - started)
         return trajectory
 
-    async def _play(self, env: TextEnv, traj: Trajectory) -> None:
+    async def _play(self, env: TextEnv | RemoteEnv, traj: Trajectory) -> None:
         c = self.config
         traj.prompt_ids = self.renderer.prompt_ids(traj.messages)
         if len(traj.prompt_ids) >= c.max_context_length:
@@ -216,7 +276,7 @@ class MultiTurnGenerator:
             if budget <= 0:
                 traj.stop_reason = "token_budget" if generated >= c.max_total_tokens else "context_length"
                 return
-            params = self.sampling_params(budget, seed=self.request_seed(f"{key}/t{len(traj.turns)}"))
+            params = self.sampling_params(budget, seed=self.request_seed(f"{key}/t{len(traj.turns)}"), session_id=key)
             out = await self.engine.generate(traj.prompt_ids + traj.response_ids, params)
             ids = list(out.token_ids[:budget])
             logprobs = list(out.logprobs[: len(ids)]) if out.logprobs is not None else [0.0] * len(ids)
@@ -274,7 +334,8 @@ def split_into_steps(episode: Trajectory) -> list[Trajectory]:
             stop_reason=episode.stop_reason, id=f"{episode.id}-s{index}", parent_id=episode.parent_id,
             depth=episode.depth, group_id=episode.group_id, sample_index=episode.sample_index,
             env_id=episode.env_id, task=episode.task, step_index=index,
-            is_last_step=index == len(episode.turns) - 1, error=episode.error, metrics=episode.metrics))
+            is_last_step=index == len(episode.turns) - 1, error=episode.error, metrics=episode.metrics,
+            env_node=episode.env_node))
         position = end + turn.observation_tokens
     return steps
 
@@ -295,7 +356,8 @@ def _end_reason(terminated: bool, info: Mapping[str, Any]) -> str:
     return "terminated" if terminated else "truncated"
 
 
-def _safe_metrics(env: TextEnv) -> dict[str, float]:
+def env_metrics(env: TextEnv) -> dict[str, float]:
+    """``env.get_metrics()`` as floats; ``{}`` (logged) when it raises."""
     try:
         return {k: float(v) for k, v in env.get_metrics().items()}
     except Exception:  # noqa: BLE001
@@ -303,11 +365,40 @@ def _safe_metrics(env: TextEnv) -> dict[str, float]:
         return {}
 
 
-def _safe_close(env: TextEnv) -> None:
+def close_env(env: TextEnv) -> None:
+    """``env.close()``; what it raises is logged, never passed on."""
     try:
         env.close()
     except Exception:  # noqa: BLE001
         log.warning("close() of %s failed", type(env).__name__, exc_info=True)
+
+
+async def reset_env(env: TextEnv | RemoteEnv, *, seed: int | None,
+                    options: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """``env.reset`` off the event loop (a local env) or on its env worker (a remote one)."""
+    if isinstance(env, RemoteEnv):
+        return await env.areset(seed=seed, options=options)
+    return await asyncio.to_thread(env.reset, seed=seed, options=options)
+
+
+async def finish_env(env: TextEnv | RemoteEnv) -> dict[str, float]:
+    """The env's metrics, then close it (on its worker for a remote env); never raises."""
+    if isinstance(env, RemoteEnv):
+        return await env.afinish()
+    metrics = env_metrics(env)
+    await asyncio.to_thread(close_env, env)
+    return metrics
+
+
+def drop_lost_groups(episodes: Sequence[Trajectory], max_retries: int) -> int:
+    """Mark every episode of a group one of whose episodes lost its env worker on its last try as failed
+    (a group missing a sample would skew its advantages); returns how many groups were dropped."""
+    lost = {t.group_id for t in episodes if t.stop_reason == WORKER_LOST}
+    for t in episodes:
+        if t.group_id in lost and t.stop_reason != WORKER_LOST:
+            t.error = (f"group dropped: an episode of task {t.group_id!r} lost its env worker "
+                       f"{max_retries + 1} time(s) (generator.max_env_retries={max_retries})")
+    return len(lost)
 
 
 def mean_env_metrics(episodes: Sequence[Trajectory]) -> dict[str, float]:

@@ -93,6 +93,31 @@ def register_commands(cli: typer.Typer) -> None:
     """
 
 
+# -- cluster nodes: called on each machine that hosts env workers (generator.env_placement=ray) -----------
+
+
+@hookspec
+def node_resources() -> dict[str, float]:
+    """Return the custom Ray resources this machine offers env workers, e.g. ``{"docker": 8, "bwrap": 8}``.
+
+    Called by ``skyrl node-resources`` (whose JSON goes to ``ray start --resources``) and when a run starts
+    a local Ray of its own. Each key is a resource an env may ask for in :meth:`TextEnv.ray_resources`;
+    the value is how many env workers needing it the machine can host. Check that the thing works here
+    (a backend that answers), not only that it is installed. Results of several plugins are merged,
+    the larger amount winning.
+    """
+
+
+@hookspec
+def sweep_orphans() -> dict[str, int]:
+    """Remove what processes that died without cleaning up left on this machine; return counts by kind.
+
+    Called in every env worker when it starts and, after a worker was lost, once on every live node of
+    the cluster, so containers and sandboxes of a killed worker do not outlive it. Must only touch
+    resources whose owner is provably dead, and must be safe to call concurrently and repeatedly.
+    """
+
+
 # -- observers: events fired while running; implementations must be cheap (a raise is caught and logged) --
 
 

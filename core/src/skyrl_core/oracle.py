@@ -114,7 +114,7 @@ async def play_gold(env_cls: type[TextEnv], config: EnvConfig | Mapping[str, Any
 
 async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any], index: int,
                    seed: int) -> OracleResult:
-    from skyrl_core.generator import _safe_close, _safe_metrics
+    from skyrl_core.generator import close_env, env_metrics
 
     result = OracleResult(task_name(row, index), index)
     env: TextEnv | None = None
@@ -140,6 +140,6 @@ async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         if env is not None:
-            result.metrics = _safe_metrics(env)
-            await asyncio.to_thread(_safe_close, env)
+            result.metrics = env_metrics(env)
+            await asyncio.to_thread(close_env, env)
     return result

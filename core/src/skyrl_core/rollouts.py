@@ -18,6 +18,7 @@ from skyrl_core.env import TextEnv
 from skyrl_core.factory import ConfigError, env_class
 from skyrl_core.hookspecs import hookimpl
 from skyrl_core.plugins import get_plugin_manager
+from skyrl_core.ray_cluster import connect_for_run
 from skyrl_core.trajectory import TrajectoryBatch
 
 
@@ -48,6 +49,7 @@ def prepare_rollout(layers: Sequence[Mapping[str, Any]], *, split: str, tasks: P
     """
     pm = get_plugin_manager()
     cfg = build_config(*layers, registry=pm.registry, need_trainer=False)
+    connect_for_run(cfg)  # Ray before the engine: one instance for env workers and engines (shut down at exit)
     cls = env_class(cfg.env_id, pm.registry)
     rows = load_tasks(cls, cfg.env, split=split, path=str(tasks) if tasks else None, limit=n_tasks or None)
     engine = pm.registry.make("engine", cfg.engine_id, cfg.engine)
@@ -71,6 +73,9 @@ def play_rollout(rollout: Rollout, *, stderr: bool = False) -> TrajectoryBatch:
             return asyncio.run(rollout.generator.generate(rollout.rows, n_samples=rollout.samples))
         finally:
             pm.unregister(progress)
+            close = getattr(rollout.generator, "close", None)  # env workers on Ray, where placed there
+            if callable(close):
+                close()
 
 
 class RolloutProgress:

@@ -72,6 +72,9 @@ class Trajectory:
     is_last_step: bool = True
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    env_node: str | None = None
+    """The Ray node whose env worker ran the episode's env (``generator.env_placement=ray``); ``None``
+    when the env ran in the generator's own process."""
 
     @property
     def rewards(self) -> list[float]:

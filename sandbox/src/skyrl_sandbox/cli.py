@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
 
 from .backends import BACKENDS, REQUIRE_ENV, STRONG, backend_problem
 from .cgroups import cgroup_support
+from .node import node_resources
 from .seccomp import build_filter
 
 
@@ -42,10 +44,15 @@ def doctor() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="skyrl-sandbox", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("doctor", help="which backends and protections work here, and what is missing")
+    doctor_cmd = commands.add_parser("doctor", help="which backends and protections work here, and what is missing")
+    doctor_cmd.add_argument("--ray-resources", action="store_true",
+                            help="print only the JSON of this node's Ray resources, for `ray start --resources`")
     build = commands.add_parser("build-image", help="build the Docker base image from Debian packages (cached)")
     build.add_argument("--tag", default=None, help="image tag (default: the base image tag)")
     args = parser.parse_args(argv)
+    if args.command == "doctor" and args.ray_resources:
+        print(json.dumps(node_resources()))
+        return 0
     if args.command == "doctor":
         return doctor()
     from .images import build_base_image

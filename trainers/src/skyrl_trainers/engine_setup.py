@@ -7,7 +7,8 @@ device generates with that rank's own parameter storage (:func:`shared_engine`),
 
 ``trainer.engine_placement`` puts the engine in the driver (``in_process``), in a spawned child process
 (``process``) or in a Ray actor (``ray``), behind the same protocol (:mod:`.engines.remote`); a placed
-engine always holds its own copy of the weights.
+engine always holds its own copy of the weights. ``engine.replicas`` > 1 (only with ``ray``) runs that many
+actors behind one client that routes requests among them (:mod:`.engines.replicas`).
 """
 
 from __future__ import annotations
@@ -47,9 +48,27 @@ def engine_class(config: ResolvedConfig) -> Any:
     return get_registry().get("engine", config.engine_id).load()
 
 
+def check_engine_placement(config: ResolvedConfig) -> None:
+    """Refuse ``engine.replicas`` > 1 unless ``trainer.engine_placement=ray`` (each replica is a Ray actor)."""
+    replicas = getattr(config.engine, "replicas", 1)
+    placement = getattr(config.trainer, "engine_placement", "in_process")
+    if replicas > 1 and placement != "ray":
+        raise ConfigError(f"engine.replicas={replicas} runs each engine replica as a Ray actor, but "
+                          f"trainer.engine_placement={placement}; set trainer.engine_placement=ray "
+                          "(or engine.replicas=1)")
+
+
+def engine_metrics(engine: Any) -> dict[str, float]:
+    """What the engine reports about itself for the step's metrics (``engine_metrics()`` where it has one,
+    e.g. requests per replica), else ``{}``."""
+    report = getattr(engine, "engine_metrics", None)
+    return dict(report()) if callable(report) else {}
+
+
 def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = None) -> tuple[Any, Any]:
     """``(engine, tokenizer)`` for the run's ``engine`` section, loaded with ``trainer.model``, or sharing
     ``worker``'s weights when one is given (see :func:`shared_engine`)."""
+    check_engine_placement(config)
     cls, engine_cfg = engine_class(config), engine_config_for_policy(config, seed)
     placement = getattr(config.trainer, "engine_placement", "in_process")
     if placement != "in_process" and worker is not None:
@@ -61,11 +80,15 @@ def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = 
         engine = ProcessEngine(cls, engine_cfg)
     elif placement == "ray":
         from skyrl_trainers.engines.remote import RayEngine
+        from skyrl_trainers.engines.replicas import RayEngineReplicas
 
-        cfg = config.trainer
-        engine = RayEngine(cls, engine_cfg, address=getattr(cfg, "ray_address", None),
-                           num_gpus=1 if _engine_on_cuda(engine_cfg) else 0,
-                           num_cpus=max(os.cpu_count() or 1, cfg.world_size + 1))  # room for backend=ray ranks
+        cfg, replicas = config.trainer, getattr(engine_cfg, "replicas", 1)
+        # joins a Ray that is already running (e.g. the one run.ray_address connected), else this address
+        options = {"address": getattr(cfg, "ray_address", None) or getattr(config.run, "ray_address", None),
+                   "num_gpus": _engine_gpus(engine_cfg),
+                   "num_cpus": max(os.cpu_count() or 1, cfg.world_size + replicas)}  # room for backend=ray ranks
+        engine = (RayEngineReplicas(cls, engine_cfg, replicas, **options) if replicas > 1
+                  else RayEngine(cls, engine_cfg, **options))
     else:
         engine = shared_engine(worker, engine_cfg, cls) if worker is not None else cls(engine_cfg)
     tokenizer = getattr(engine, "tokenizer", None)
@@ -76,7 +99,16 @@ def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = 
     return engine, tokenizer
 
 
+def _engine_gpus(engine_cfg: Any) -> int:
+    """GPUs a Ray actor holding the engine reserves: its tensor-parallel size on CUDA, else 0."""
+    return int(getattr(engine_cfg, "tensor_parallel_size", 1) or 1) if _engine_on_cuda(engine_cfg) else 0
+
+
 def _engine_on_cuda(engine_cfg: Any) -> bool:
+    from skyrl_trainers.engines.vllm import VLLMEngineConfig
+
+    if isinstance(engine_cfg, VLLMEngineConfig):
+        return True  # CUDA only (no device option)
     device = str(getattr(engine_cfg, "device", "") or "")
     if device == "auto":
         return torch.cuda.is_available()

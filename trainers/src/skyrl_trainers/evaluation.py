@@ -107,6 +107,12 @@ class HeldOutEval:
             self.generator_config, engine=engine, tokenizer=tokenizer, env_id=config.env_id, env_config=config.env)
         self.seed = {"seed": request_seed(config.run.seed, "eval")} if accepts_seed(self.generator) else {}
 
+    def close(self) -> None:
+        """Release what the evaluation's generator holds (its env workers on Ray, where placed there)."""
+        close = getattr(self.generator, "close", None)
+        if callable(close):
+            close()
+
     def load_history(self, metrics_path: str | Path) -> None:
         """Earlier evaluations of a resumed run (its ``metrics.jsonl``), so the summary starts at step 0."""
         path = Path(metrics_path)

@@ -23,6 +23,7 @@ from skyrl_core.factory import ConfigError, env_class
 from skyrl_core.generator import request_seed
 from skyrl_core.metrics import MetricsLogger
 from skyrl_core.plugins import get_plugin_manager, get_registry
+from skyrl_core.ray_cluster import connect_for_run, disconnect
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch, write_jsonl
 
 from skyrl_trainers.batching import plan_step, training_samples
@@ -33,7 +34,9 @@ from skyrl_trainers.engine_setup import (
     alias_policy,
     build_engine,
     can_share_weights,
+    check_engine_placement,
     engine_class,
+    engine_metrics,
     sleeps_between_rollouts,
 )
 from skyrl_trainers.evaluation import HeldOutEval
@@ -65,6 +68,7 @@ class FSDPGRPOTrainer:
         """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
         cfg, run = self.cfg, self.config.run
         check_mode(self.config, engine_class(self.config))  # before anything is written or loaded
+        check_engine_placement(self.config)
         use_one_malloc_arena()  # before the engine's thread exists (see skyrl_trainers.memory)
         random.seed(run.seed)
         torch.manual_seed(run.seed)
@@ -82,7 +86,8 @@ class FSDPGRPOTrainer:
         shared = can_share_weights(self.config, engine_class(self.config))  # never off sync (see its docstring)
         self.resumed_state = resumed
         loop = asyncio.new_event_loop()
-        engine = logger = workers = None
+        engine = logger = workers = generator = None
+        owns_ray = connect_for_run(self.config)  # before the engine and ranks, which join the same Ray
         try:
             if shared:  # one in-process rank: the engine generates with its parameters (no second copy)
                 workers = make_worker_group(spec)
@@ -114,9 +119,13 @@ class FSDPGRPOTrainer:
         finally:
             if logger is not None:
                 logger.close()
+            for owner in (generator, held_out):  # their env workers on Ray, where placed there
+                if callable(getattr(owner, "close", None)):
+                    owner.close()
             if workers is not None:
                 workers.close()
             _close_engine(engine, loop)
+            disconnect(owns_ray)
 
 
 def _close_engine(engine: Any, loop: asyncio.AbstractEventLoop) -> None:
@@ -183,6 +192,7 @@ class _StepLoop:
         """Log the step and call the plugins' ``on_train_step_end``; whether a checkpoint is due now."""
         cfg = self.cfg
         groups = self.groups.pop(step, {})
+        metrics.update(engine_metrics(self.engine))  # e.g. requests per engine replica
         metrics.update(self.no_signal.update(step, metrics.get("train/zero_variance_groups", 0.0), groups))
         self.logger.log(step, metrics)
         get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)  # observers are guarded

@@ -52,3 +52,20 @@ class ScriptedEngine:
 
     async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         self.weight_updates += 1
+
+
+class GatedEngine(ScriptedEngine):
+    """A :class:`ScriptedEngine` that holds every call whose prompt contains ``marker`` (e.g. a phrase of
+    the env's observations: the call of a second turn, made while the episode's env is live) until
+    ``gate`` is set; ``held`` counts the calls held so far. For tests that act while episodes are mid-way."""
+
+    def __init__(self, tokenizer: ChatTokenizer, replies: Iterable[Reply] = (), *, marker: str,
+                 **kwargs: Any) -> None:
+        super().__init__(tokenizer, replies, **kwargs)
+        self.marker, self.gate, self.held = marker, asyncio.Event(), 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+        if not self.gate.is_set() and self.marker in self.tokenizer.decode(prompt_ids):
+            self.held += 1
+            await self.gate.wait()
+        return await super().generate(prompt_ids, params)

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 from skyrl_core import StepResult, TextEnv
 from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
 from skyrl_sandbox.machine import Machine
+from skyrl_sandbox.node import worker_resources
 from skyrl_sandbox.terminal import CommandResult, TerminalSession
 
 from .actions import parse_action
@@ -84,6 +85,11 @@ class HarborTerminalEnv(TextEnv):
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     dataset_option: ClassVar[str] = "tasks"
     config: HarborTerminalConfig
+
+    @classmethod
+    def ray_resources(cls, config: HarborTerminalConfig) -> dict[str, float]:
+        """A docker slot (``auto`` prefers Docker), or a bwrap one for ``backend=bwrap``."""
+        return worker_resources(config.backend, auto="docker")
 
     def __init__(self, task: dict[str, Any] | None = None, config: Any = None) -> None:
         super().__init__(task, config)

@@ -25,6 +25,7 @@ from typing import Any
 
 from skyrl_core import EnvConfig, StepResult, TextEnv
 from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
+from skyrl_sandbox.node import worker_resources
 
 from skyrl_rlm_repl.config import RLMReplConfig
 from skyrl_rlm_repl.evidence.dataset import load_tasks
@@ -82,6 +83,10 @@ class RLMReplEnv(TextEnv):
 
     config_class = RLMReplConfig
     config: RLMReplConfig
+
+    @classmethod
+    def ray_resources(cls, config: RLMReplConfig) -> dict[str, float]:
+        return worker_resources(config.sandbox.backend)
 
     def __init__(self, task: Mapping[str, Any] | None = None, config: EnvConfig | Mapping[str, Any] | None = None,
                  *, subcall_handler: SubcallHandler | None = None) -> None:

@@ -30,6 +30,7 @@ from skyrl_core import GeneratorConfig, MultiTurnGenerator, Trajectory, Trajecto
 from skyrl_core.chat import ChatTokenizer
 from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
 from skyrl_core.env import EnvConfig, TextEnv
+from skyrl_core.env_pool import WORKER_LOST
 from skyrl_core.factory import ConfigError, component_config
 from skyrl_core.plugins import get_plugin_manager, get_registry
 
@@ -142,6 +143,11 @@ class RLMTreeGenerator(MultiTurnGenerator):
                 tokenizer=getattr(sub, "tokenizer", None) or tokenizer, env_id=env_id, env_config=self.env_config)
             self.sub_runner.sub_runner = self.sub_runner
 
+    def close(self) -> None:
+        super().close()
+        if self.sub_runner is not None and self.sub_runner is not self:
+            self.sub_runner.close()
+
     # -- batches -------------------------------------------------------------------------------
 
     async def generate(self, tasks: Sequence[Mapping[str, Any]], n_samples: int | None = None, *,
@@ -155,6 +161,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
             _TREES.reset(token)
         order = {str(task.get("id", index)): index for index, task in enumerate(tasks)}
         trees.sort(key=lambda n: (order.get(n.trajectory.group_id, len(order)), n.trajectory.sample_index))
+        trees = [root for root in trees if root.trajectory.stop_reason != WORKER_LOST]  # lost tries: never trained
         for root in trees:
             for child in root.descendants():
                 if not child.frozen:

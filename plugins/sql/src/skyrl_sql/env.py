@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core import EnvConfig, StepResult, TextEnv
+from skyrl_sandbox.node import worker_resources
 
 from skyrl_sql.config import SQLEnvConfig
 from skyrl_sql.data.builtin import builtin_rows
@@ -40,6 +41,10 @@ class SQLEnv(TextEnv):
     config_class = SQLEnvConfig
     config: SQLEnvConfig
     reward_range = (-1.0, 1.0)
+
+    @classmethod
+    def ray_resources(cls, config: SQLEnvConfig) -> dict[str, float]:
+        return worker_resources(config.sandbox)
 
     def __init__(self, task: Mapping[str, Any] | None = None,
                  config: SQLEnvConfig | Mapping[str, Any] | None = None) -> None:

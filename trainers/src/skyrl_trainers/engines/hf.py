@@ -66,6 +66,9 @@ class HFEngineConfig(BaseModel):
         "off", description="What a weight update does to rows decoding: off: waits until they finish; "
         "keep: lands between two decode steps, rows keep their KV cache and go on with the new weights; "
         "recompute: as keep, but rows are re-prefilled with the new weights.")
+    replicas: int = Field(1, ge=1, description="Copies of the engine, each in its own Ray actor (with its own GPU "
+                          "on CUDA), behind one client that routes requests by load and keeps a session (an episode) "
+                          "on one replica; weight updates reach all of them. >1 needs trainer.engine_placement=ray.")
 
 
 @dataclass

@@ -11,7 +11,8 @@
   (the next updates copy into the same buffers and send only names), CUDA tensors go through torch's
   CUDA IPC handles; nothing is pickled by value.
 * ``ray`` (:class:`RayEngine`): an async Ray actor holds the engine (Ray runs its coroutines
-  concurrently, so requests batch the same way); weights go through Ray's object store.
+  concurrently, so requests batch the same way); weights go through Ray's object store. With
+  ``engine.replicas`` > 1, :class:`~.replicas.RayEngineReplicas` runs several such actors behind one client.
 
 Both pass through what the inner engine offers: ``weight_version`` (refreshed from every reply),
 ``in_flight_updates``, and the optional ``release_memory`` / ``sleep`` / ``wake_up`` methods. The
@@ -191,10 +192,12 @@ class _RemoteEngine:
     tokenizer: Any
     _attrs: dict[str, Any]
 
-    def _setup(self, engine_config: Any, info: dict[str, Any]) -> None:
+    def _setup(self, engine_config: Any, info: dict[str, Any], tokenizer: Any = None) -> None:
+        """Mirror ``info`` (from :func:`_describe`); ``tokenizer``, when given, is used instead of the shipped one."""
         self.config = engine_config
         self._attrs = dict(info["attrs"])
-        tokenizer = pickle.loads(info["tokenizer"]) if info["tokenizer"] is not None else None
+        if tokenizer is None and info["tokenizer"] is not None:
+            tokenizer = pickle.loads(info["tokenizer"])
         if tokenizer is None and getattr(engine_config, "model", None):
             from skyrl_trainers.models import load_tokenizer
 
@@ -209,6 +212,15 @@ class _RemoteEngine:
 
         forward.__name__ = name
         return forward
+
+    def _mirror(self, attrs: Mapping[str, Any]) -> None:
+        """Take the attributes a reply carried; ``weight_version`` never goes back (replies may arrive out of
+        order: a request that finished before an update can be read after it)."""
+        attrs = dict(attrs)
+        mine, theirs = self._attrs.get("weight_version"), attrs.get("weight_version")
+        if isinstance(mine, int) and isinstance(theirs, int) and theirs < mine:
+            del attrs["weight_version"]
+        self._attrs.update(attrs)
 
     def __getattr__(self, name: str) -> Any:
         attrs = self.__dict__.get("_attrs")
@@ -359,7 +371,7 @@ class ProcessEngine(_RemoteEngine):
                 request_id, status, value, attrs = self._conn.recv()
             except (EOFError, OSError, ValueError):
                 break
-            self._attrs.update(attrs)
+            self._mirror(attrs)
             with self._lock:
                 future = self._pending.pop(request_id, None)
             if future is not None:
@@ -438,46 +450,91 @@ class RayEngineActor:
             close()
 
 
+def connect_ray(address: str | None = None, num_cpus: int | None = None) -> tuple[Any, bool]:
+    """``(ray, owned)``: join the Ray instance this process already runs, else ``ray.init(address)`` (a local
+    one with ``num_cpus`` CPUs when ``address`` is None); ``owned`` says whether this call started it (its
+    caller then shuts it down)."""
+    try:
+        import ray
+    except ImportError:
+        raise EngineError("trainer.engine_placement=ray needs Ray: pip install 'skyrl-trainers[ray]'") from None
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True,
+                 **({} if address else {"num_cpus": num_cpus or max(os.cpu_count() or 1, 2)}))
+    return ray, owned
+
+
+def start_engine_actor(ray: Any, engine_cls: Any, engine_config: Any, *, num_gpus: float = 0,
+                       num_threads: int | None = None, **options: Any) -> Any:
+    """A :class:`RayEngineActor` (1 CPU, plus ``num_gpus``; ``options`` such as a scheduling strategy go to
+    ``.options``) that builds ``engine_cls(engine_config)``; it is ready once ``describe`` returns."""
+    return ray.remote(RayEngineActor).options(num_cpus=1, num_gpus=num_gpus, max_concurrency=1000, **options).remote(
+        _class_path(engine_cls), engine_config, num_threads)
+
+
+def cpu_state(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """The weights as a dict of detached CPU tensors (sharded ones gathered), ready for ``ray.put``."""
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    state = {}
+    for name, value in items:
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        state[name] = value.detach().cpu()
+    return state
+
+
 class RayEngine(_RemoteEngine):
     """An engine in a Ray actor (1 CPU, plus ``num_gpus``), started on ``address`` or a local Ray that
     this client starts (and shuts down on ``close()``) when none is running; same conventions as the
-    trainer's ``backend=ray`` ranks, which then join this Ray instance."""
+    trainer's ``backend=ray`` ranks, which then join this Ray instance. :meth:`for_actor` fronts an actor
+    started elsewhere (one replica of :class:`~.replicas.RayEngineReplicas`)."""
 
     def __init__(self, engine_cls: Any, engine_config: Any, *, address: str | None = None, num_gpus: float = 0,
                  num_cpus: int | None = None, num_threads: int | None = None, start_timeout: float = 600.0) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise EngineError("trainer.engine_placement=ray needs Ray: pip install 'skyrl-trainers[ray]'") from None
-        self._ray = ray
-        self.engine_name = _class_path(engine_cls).rpartition(":")[2]
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True,
-                     **({} if address else {"num_cpus": num_cpus or max(os.cpu_count() or 1, 2)}))
-        self._closed = False
-        self._failure: str | None = None
-        self._actor = ray.remote(RayEngineActor).options(num_cpus=1, num_gpus=num_gpus, max_concurrency=1000).remote(
-            _class_path(engine_cls), engine_config, num_threads)
+        ray, owned = connect_ray(address, num_cpus)
+        self._attach(ray, start_engine_actor(ray, engine_cls, engine_config, num_gpus=num_gpus,
+                                             num_threads=num_threads), engine_cls, owns_ray=owned)
         try:
             info = ray.get(self._actor.describe.remote(), timeout=start_timeout)
         except Exception as exc:  # noqa: BLE001 - construction errors surface here
             self._shutdown()
-            raise EngineError(f"{self.engine_name} engine failed to start in its Ray actor: {exc}") from None
+            raise EngineError(f"{self._what} failed to start in its Ray actor: {exc}") from None
         self._setup(engine_config, info)
+
+    @classmethod
+    def for_actor(cls, ray: Any, actor: Any, engine_cls: Any, engine_config: Any, info: dict[str, Any], *,
+                  label: str | None = None, tokenizer: Any = None) -> RayEngine:
+        """A client of ``actor`` (already started, ``info`` its ``describe()``); it does not own Ray, and
+        ``label`` (e.g. ``"replica 1"``) names it in its errors."""
+        self = cls.__new__(cls)
+        self._attach(ray, actor, engine_cls, owns_ray=False, label=label)
+        self._setup(engine_config, info, tokenizer)
+        return self
+
+    def _attach(self, ray: Any, actor: Any, engine_cls: Any, *, owns_ray: bool, label: str | None = None) -> None:
+        self._ray, self._actor, self._owns_ray = ray, actor, owns_ray
+        self.engine_name = _class_path(engine_cls).rpartition(":")[2]
+        self.label = label
+        self._what = f"{self.engine_name} engine" + (f" {label}" if label else "")
+        self._closed = False
+        self._failure: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the actor is unusable (it died), else None."""
+        return self.__dict__.get("_failure")
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         return await self._call(self._actor.generate, list(prompt_ids), params)
 
     async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Put the weights (on CPU, gathered if sharded) in Ray's object store; returns once loaded."""
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        state = {}
-        for name, value in items:
-            if hasattr(value, "full_tensor"):
-                value = value.full_tensor()
-            state[name] = value.detach().cpu()
-        await self._call(self._actor.update_weights, self._ray.put(state))
+        await self.load_weights(self._ray.put(cpu_state(named_tensors)))
+
+    async def load_weights(self, state_ref: Any) -> None:
+        """Load weights already in Ray's object store (the ``ObjectRef`` of a :func:`cpu_state` dict)."""
+        await self._call(self._actor.update_weights, state_ref)
 
     async def call_remote(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return await self._call(self._actor.call, name, args, kwargs)
@@ -495,18 +552,18 @@ class RayEngine(_RemoteEngine):
             result, attrs = await method.remote(*args)
         except self._ray.exceptions.RayActorError as exc:
             raise self._died(exc) from None
-        self._attrs.update(attrs)
+        self._mirror(attrs)
         return result
 
     def _died(self, exc: BaseException) -> EngineError:
-        self._failure = f"{self.engine_name} engine Ray actor died: {exc}"
+        self._failure = f"{self._what} Ray actor died: {exc}"
         return EngineError(self._failure)
 
     def _check(self) -> None:
         if self._failure is not None:
             raise EngineError(self._failure)
         if self._closed:
-            raise EngineError(f"{self.engine_name} engine is closed")
+            raise EngineError(f"{self._what} is closed")
 
     def close(self) -> None:
         if self._closed:

@@ -83,6 +83,9 @@ class VLLMEngineConfig(BaseModel):
     seed: int = 0
     extra_engine_args: dict[str, Any] = Field(default_factory=dict,
                                               description="More vllm.AsyncEngineArgs fields, passed as is.")
+    replicas: int = Field(1, ge=1, description="Copies of the engine, each in its own Ray actor (with its own GPU "
+                          "on CUDA), behind one client that routes requests by load and keeps a session (an episode) "
+                          "on one replica; weight updates reach all of them. >1 needs trainer.engine_placement=ray.")
 
 
 def check_vllm_available() -> None:
