@@ -163,3 +163,14 @@ def test_a_node_killed_mid_step_costs_retries_on_the_other_node_and_leaves_nothi
     assert batch.metrics["ray/groups_dropped"] == 0.0
     assert folders == [], "the killed node's sandbox folders were swept"
     assert not [pid for pid in b_workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_skyrl_run_with_two_engine_replicas_on_the_cluster(cluster, tmp_path):
+    """Engine replicas and env workers join the same cluster through run.ray_address; both replicas serve."""
+    skyrl_run(cluster, tmp_path / "replicas", "reverse_text", "trainer.steps=2", "trainer.engine_placement=ray",
+              "engine.replicas=2", "env.max_turns=2")
+    metrics = [json.loads(line) for line in (tmp_path / "replicas" / "metrics.jsonl").read_text().splitlines()]
+    last = [m for m in metrics if "engine/replicas_alive" in m][-1]
+    assert last["engine/replicas_alive"] == 2.0
+    assert last["engine/replica0_requests"] > 0 and last["engine/replica1_requests"] > 0
+    assert last["engine/replica0_failed"] == 0.0 and last["engine/replica1_failed"] == 0.0
