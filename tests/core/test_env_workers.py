@@ -140,6 +140,30 @@ async def test_sub_calls_of_a_remote_env_are_answered_by_the_generator(tokenizer
     assert episode.turns[1].info["answers"] == ["answer to one done", "answer to two done"]
 
 
+async def test_a_sub_call_handler_that_raises_fails_the_step_as_it_does_locally(tokenizer):
+    async def handler(method: str, params: dict[str, Any]) -> str:
+        raise ValueError(f"engine gone while answering {params['prompt']!r}")
+
+    class Handled(MultiTurnGenerator):
+        def new_env(self, task):
+            env = super().new_env(task)
+            env.subcall_handler = handler
+            return env
+
+    batches = {}
+    for placement in ("local", "ray"):
+        gen = Handled(GeneratorConfig(n_samples_per_prompt=1, env_placement=placement), tokenizer=tokenizer,
+                      engine=ScriptedEngine(tokenizer, default="again"), env_id="subcalling",
+                      env_config={"max_turns": 3})
+        try:
+            batches[placement] = await gen.generate([TASKS[0]])
+        finally:
+            gen.close()
+    assert played(batches["ray"]) == played(batches["local"])
+    episode = batches["ray"].trajectories[0]
+    assert episode.stop_reason == "env_error" and episode.error == "ValueError: engine gone while answering 'one again'"
+
+
 async def start_and_wait(gen, engine, tasks, held):
     """Start ``gen.generate(tasks)`` and return once ``held`` episodes wait on the engine with a live env."""
     task = asyncio.ensure_future(gen.generate(tasks))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import pickle
 import re
 import threading
 import time
@@ -84,6 +85,7 @@ class RayEnvPool:
         # node -> until when no worker is placed there: a node whose worker was just lost may be dying
         # while Ray still lists it as alive (its health checks take a while to fail)
         self._suspect: dict[str, float] = {}
+        self.closed = False
         self.start_error: str | None = None  # set once a worker's __init__ raised: every later episode fails fast
         self._check_cluster()
 
@@ -139,6 +141,8 @@ class RayEnvPool:
         nodes offering the env's resources died), instead of waiting for a node that may never come.
         """
         while True:
+            if self.closed:
+                raise EnvWorkerLost("the env worker pool was closed")
             if self.start_error is not None:
                 raise EnvWorkerError(self.start_error)
             open_ = [w for w in self.workers if w.lost is None and w.leases < self.envs_per_worker]
@@ -174,8 +178,8 @@ class RayEnvPool:
 
     async def call(self, worker: _Worker, method: str, *args: Any) -> Any:
         """``worker.method(*args)``; a worker that is dead, gone with its node or silent raises :class:`EnvWorkerLost`."""
-        if worker.lost is not None:
-            raise EnvWorkerLost(f"{worker!r} was lost: {worker.lost}")
+        if worker.lost is not None or self.closed:
+            raise EnvWorkerLost(f"{worker!r} was lost: {worker.lost or 'the pool was closed'}")
         if worker.pid is None:
             worker.pid = (await self._await(worker, worker.ready, self.start_timeout, "start"))["pid"]
         return await self._await(worker, getattr(worker.actor, method).remote(*args), self.call_timeout, method)
@@ -204,6 +208,8 @@ class RayEnvPool:
         if worker.lost is not None:
             return
         worker.lost = reason
+        if self.closed:  # the pool killed it on close(): episodes still finishing just find it gone
+            return
         self.workers_lost += 1
         self._suspect[worker.node_id] = time.monotonic() + SUSPECT_SECONDS
         if worker in self.workers:
@@ -214,9 +220,15 @@ class RayEnvPool:
         except Exception:  # noqa: BLE001 - already gone
             pass
         self._wake()
-        sweep = threading.Thread(target=self.sweep_nodes, name="skyrl-env-sweep", daemon=True)
+        sweep = threading.Thread(target=self._sweep_quietly, name="skyrl-env-sweep", daemon=True)
         sweep.start()
         self._sweeps.append(sweep)
+
+    def _sweep_quietly(self) -> None:
+        try:
+            self.sweep_nodes()
+        except BaseException as exc:  # noqa: BLE001 - Ray shut down under the thread (it raises SystemExit)
+            log.info("orphan sweep stopped: %s", exc)
 
     def sweep_nodes(self, timeout: float = 120.0) -> dict[str, dict[str, int]]:
         """Run the orphan sweep (hook ``sweep_orphans``) once on every live node; what each removed, by node id."""
@@ -244,6 +256,7 @@ class RayEnvPool:
 
     def close(self) -> None:
         """Kill every worker (their envs were closed by their episodes), then sweep once more."""
+        self.closed = True
         for worker in list(self.workers):
             try:
                 self.ray.kill(worker.actor, no_restart=True)
@@ -284,8 +297,12 @@ class RemoteEnv:
         event = await self.pool.call(self.worker, "step", self.key, action)
         while event[0] == "call":
             _, call_id, method, params = event
-            answer = await self.subcall_handler(method, params) if self.subcall_handler else None
-            event = await self.pool.call(self.worker, "answer", self.key, call_id, answer)
+            answer, error = None, None
+            try:
+                answer = await self.subcall_handler(method, params) if self.subcall_handler else None
+            except Exception as exc:  # noqa: BLE001 - raised inside the env, where a local handler's would be
+                error = _portable(exc)
+            event = await self.pool.call(self.worker, "answer", self.key, call_id, answer, error)
         return StepResult(*event[1])
 
     async def afinish(self) -> dict[str, float]:
@@ -300,6 +317,15 @@ class RemoteEnv:
             return {}
         finally:
             self.pool.release(worker)
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` itself when it pickles (to be raised in the worker), else a ``RuntimeError`` that names it."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

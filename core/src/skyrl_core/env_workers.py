@@ -80,11 +80,16 @@ class EnvWorker:
         hosted.step = asyncio.ensure_future(hosted.env.astep(action))
         return await hosted.next_event()
 
-    async def answer(self, key: str, call_id: int, value: Any) -> Event:
+    async def answer(self, key: str, call_id: int, value: Any, error: BaseException | None = None) -> Event:
+        """Resume the step with the generator's answer to sub-call ``call_id``; ``error`` (what the generator's
+        handler raised) is raised inside the env instead, as a local env would see it."""
         hosted = self.envs[key]
         waiting = hosted.pending.get(call_id)
         if waiting is not None and not waiting.done():
-            waiting.set_result(value)
+            if error is None:
+                waiting.set_result(value)
+            else:
+                waiting.set_exception(error)
         return await hosted.next_event()
 
     async def finish(self, key: str) -> dict[str, float]:
@@ -94,6 +99,8 @@ class EnvWorker:
         hosted = self.envs.pop(key, None)
         if hosted is None:
             return {}
+        if hosted.step is not None and not hosted.step.done():  # the generator gave up on it (a failed sub-call)
+            hosted.step.cancel()
         metrics = env_metrics(hosted.env)
         await asyncio.to_thread(close_env, hosted.env)
         return metrics
