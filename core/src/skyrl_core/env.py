@@ -14,6 +14,7 @@ README ("The env contract").
 from __future__ import annotations
 
 import asyncio
+import logging
 import string
 import traceback
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from gymnasium import spaces
 from pydantic import BaseModel, ConfigDict, Field
 
 Message = dict[str, str]
+log = logging.getLogger(__name__)
 
 #: Longest message content the observation space admits: about 250k tokens, past any model's context.
 MAX_MESSAGE_CHARS = 1_000_000
@@ -273,3 +275,20 @@ class TextEnv(gymnasium.Env):
         self.done = True
         info = {"error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
         return StepResult([], 0.0, False, True, info)
+
+
+def env_metrics(env: TextEnv) -> dict[str, float]:
+    """``env.get_metrics()`` as floats; ``{}`` (logged) when it raises."""
+    try:
+        return {k: float(v) for k, v in env.get_metrics().items()}
+    except Exception:  # noqa: BLE001
+        log.warning("get_metrics() of %s failed", type(env).__name__, exc_info=True)
+        return {}
+
+
+def close_env(env: TextEnv) -> None:
+    """``env.close()``; what it raises is logged, never passed on."""
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001
+        log.warning("close() of %s failed", type(env).__name__, exc_info=True)

@@ -15,7 +15,7 @@ import itertools
 import os
 from typing import Any
 
-from skyrl_core.env import StepResult, TextEnv
+from skyrl_core.env import StepResult, TextEnv, close_env, env_metrics
 
 #: What :meth:`EnvWorker.step` and :meth:`EnvWorker.answer` return: ``("step", StepResult)`` once the
 #: step is done, or ``("call", call_id, method, params)`` for a sub-call the generator must answer.
@@ -94,8 +94,6 @@ class EnvWorker:
 
     async def finish(self, key: str) -> dict[str, float]:
         """The env's metrics, then close it; the key is free afterwards."""
-        from skyrl_core.generator import close_env, env_metrics
-
         hosted = self.envs.pop(key, None)
         if hosted is None:
             return {}

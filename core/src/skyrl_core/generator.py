@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_core.chat import ChatRenderer, ChatTokenizer
 from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
-from skyrl_core.env import EnvConfig, TextEnv
+from skyrl_core.env import EnvConfig, TextEnv, close_env, env_metrics
 from skyrl_core.env_pool import WORKER_LOST, RemoteEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.plugins import get_plugin_manager, get_registry
@@ -354,23 +354,6 @@ def _end_reason(terminated: bool, info: Mapping[str, Any]) -> str:
     if info.get("error"):
         return "env_error"
     return "terminated" if terminated else "truncated"
-
-
-def env_metrics(env: TextEnv) -> dict[str, float]:
-    """``env.get_metrics()`` as floats; ``{}`` (logged) when it raises."""
-    try:
-        return {k: float(v) for k, v in env.get_metrics().items()}
-    except Exception:  # noqa: BLE001
-        log.warning("get_metrics() of %s failed", type(env).__name__, exc_info=True)
-        return {}
-
-
-def close_env(env: TextEnv) -> None:
-    """``env.close()``; what it raises is logged, never passed on."""
-    try:
-        env.close()
-    except Exception:  # noqa: BLE001
-        log.warning("close() of %s failed", type(env).__name__, exc_info=True)
 
 
 async def reset_env(env: TextEnv | RemoteEnv, *, seed: int | None,

@@ -114,7 +114,7 @@ async def play_gold(env_cls: type[TextEnv], config: EnvConfig | Mapping[str, Any
 
 async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any], index: int,
                    seed: int) -> OracleResult:
-    from skyrl_core.generator import close_env, env_metrics
+    from skyrl_core.env import close_env, env_metrics
 
     result = OracleResult(task_name(row, index), index)
     env: TextEnv | None = None
