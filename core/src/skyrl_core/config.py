@@ -37,7 +37,7 @@ class RunOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     output_dir: str | None = Field(None, description="Run folder; default runs/<env>-<trainer>-<time>.")
-    seed: int = 0
+    seed: int = Field(0, description="Seeds data order, initialisation and sampling of the run.")
     resume: str | None = Field(None, description="Run folder to continue from its last checkpoint.")
     wandb_project: str | None = Field(None, description="Log to Weights & Biases under this project.")
     wandb_mode: str | None = Field(None, description="online/offline; default offline without WANDB_API_KEY.")

@@ -161,6 +161,8 @@ class RayEnvPool:
                 await waiter
                 continue
             worker.leases += 1
+            if worker.leases < self.envs_per_worker:
+                self._wake()  # a worker just started (or freed) may have room for another waiting episode
             return worker
 
     def release(self, worker: _Worker) -> None:

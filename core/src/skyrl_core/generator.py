@@ -77,14 +77,16 @@ class GeneratorConfig(BaseModel):
     max_tokens_per_turn: int = Field(256, ge=1, description="Generation cap for one model turn.")
     max_total_tokens: int = Field(1024, ge=1, description="Cap on generated tokens over the episode.")
     max_context_length: int = Field(2048, ge=8, description="Prompt + response never exceeds this.")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = -1
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling: the smallest set of tokens holding "
+                         "this much probability.")
+    top_k: int = Field(-1, description="Sample among the k most likely tokens; -1 disables it.")
     stop: list[str] = Field(default_factory=list, description="Stop strings besides those the env's spec declares.")
     step_wise: bool = Field(False, description="Emit one training sample per turn.")
     max_concurrency: int = Field(256, ge=1, description="Episodes in flight at once.")
     end_of_turn_token_id: int | None = Field(None, description="Defaults to the tokenizer's EOS id.")
-    seed: int = 0
+    seed: int = Field(0, description="Episode i of a task is reset with seed + i; the sampling seed of generate() "
+                      "calls that pass none.")
     # where envs run (README of skyrl-core: "Env workers on Ray")
     env_placement: Literal["local", "ray"] = Field(
         "local", description="local: envs in this process; ray: in env worker actors placed on Ray nodes that "

@@ -89,8 +89,8 @@ class FSDPGRPOConfig(BaseModel):
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per rollout batch (PPO-style; >1 recomputes old logprobs).")
     lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up to lr.")
-    weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW beta1 and beta2.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
 
     # algorithm
@@ -103,7 +103,8 @@ class FSDPGRPOConfig(BaseModel):
     loss_reduction: str = Field("token_mean", description=f"Loss reduction: {', '.join(LOSS_REDUCTIONS)}.")
     loss_norm: float = Field(1.0, gt=0, description="sequence_mean_token_sum: constant divisor (e.g. max length).")
     kl_coef: float = Field(0.0, ge=0, description="KL loss to a frozen reference model; 0 loads no reference.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Estimator of the KL to the reference: "
+                                                    "k1 log-ratio, k2 squared log-ratio / 2, k3 (ratio - 1) - log-ratio.")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     child_advantage: Literal["inherit", "own", "exclude"] = Field(
         "inherit", description="Tree children: root's advantage, their own (grouped per task and depth), or not trained.")

@@ -27,7 +27,7 @@ SYSTEM = ("Reverse the user's text character by character. Reply with the revers
 
 
 class ReverseTextConfig(EnvConfig):
-    max_turns: int = 2
+    max_turns: int = Field(2, ge=1, description="Tries per task; the episode is truncated after this many.")
     partial_credit: float = Field(0.5, ge=0.0, le=1.0, description="Weight of prefix credit for wrong answers.")
     dataset_size: int = Field(64, ge=1, description="Rows in the built-in dataset (per split).")
 

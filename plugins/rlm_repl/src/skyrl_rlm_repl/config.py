@@ -63,7 +63,8 @@ class RLMReplConfig(EnvConfig):
                                                               "with a note saying how much.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Isolation and resource limits "
                                                                               "of the REPL worker process.")
-    subcalls: SubcallLimits = Field(default_factory=SubcallLimits)
+    subcalls: SubcallLimits = Field(default_factory=SubcallLimits, description="Limits of llm_query/rlm_query "
+                                    "sub-calls: depth, count, tokens and prompt size per rollout tree.")
     step_timeout_s: float = Field(600.0, gt=0, description="Wall clock one response may take, sub-calls included; "
                                                            "the code's own running time across all the response's "
                                                            "blocks is bounded by sandbox.exec_timeout_s.")

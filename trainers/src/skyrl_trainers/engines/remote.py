@@ -52,7 +52,8 @@ def resolve_engine_class(engine_cls: Any) -> Any:
     return engine_cls
 
 
-def _class_path(engine_cls: Any) -> str:
+def class_path(engine_cls: Any) -> str:
+    """``"module:attr"`` of an engine class (how a child process or actor is told which one to build)."""
     if isinstance(engine_cls, str):
         return engine_cls
     return f"{engine_cls.__module__}:{engine_cls.__qualname__}"
@@ -185,7 +186,7 @@ class _EngineServer:
 # -------------------------------------------------------------------------------------- the parent side
 
 
-class _RemoteEngine:
+class RemoteEngineClient:
     """What :class:`ProcessEngine` and :class:`RayEngine` share: mirrored attributes and optional methods."""
 
     config: Any
@@ -257,7 +258,7 @@ def _weights_payload(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]
     return names, new, direct
 
 
-class ProcessEngine(_RemoteEngine):
+class ProcessEngine(RemoteEngineClient):
     """An engine in a spawned child process (see the module docstring). Safe to call concurrently, from
     any event loop; ``close()`` ends the child."""
 
@@ -265,10 +266,10 @@ class ProcessEngine(_RemoteEngine):
                  start_timeout: float = 600.0) -> None:
         import torch.multiprocessing as mp
 
-        self.engine_name = _class_path(engine_cls).rpartition(":")[2]
+        self.engine_name = class_path(engine_cls).rpartition(":")[2]
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=_child_main, args=(child, _class_path(engine_cls), engine_config, num_threads),
+        self._proc = ctx.Process(target=_child_main, args=(child, class_path(engine_cls), engine_config, num_threads),
                                  daemon=True, name=f"skyrl-engine-{self.engine_name}")
         self._proc.start()
         child.close()  # the child holds the only other end: its death reads as EOF here
@@ -470,7 +471,7 @@ def start_engine_actor(ray: Any, engine_cls: Any, engine_config: Any, *, num_gpu
     """A :class:`RayEngineActor` (1 CPU, plus ``num_gpus``; ``options`` such as a scheduling strategy go to
     ``.options``) that builds ``engine_cls(engine_config)``; it is ready once ``describe`` returns."""
     return ray.remote(RayEngineActor).options(num_cpus=1, num_gpus=num_gpus, max_concurrency=1000, **options).remote(
-        _class_path(engine_cls), engine_config, num_threads)
+        class_path(engine_cls), engine_config, num_threads)
 
 
 def cpu_state(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -484,7 +485,7 @@ def cpu_state(named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> d
     return state
 
 
-class RayEngine(_RemoteEngine):
+class RayEngine(RemoteEngineClient):
     """An engine in a Ray actor (1 CPU, plus ``num_gpus``), started on ``address`` or a local Ray that
     this client starts (and shuts down on ``close()``) when none is running; same conventions as the
     trainer's ``backend=ray`` ranks, which then join this Ray instance. :meth:`for_actor` fronts an actor
@@ -514,7 +515,7 @@ class RayEngine(_RemoteEngine):
 
     def _attach(self, ray: Any, actor: Any, engine_cls: Any, *, owns_ray: bool, label: str | None = None) -> None:
         self._ray, self._actor, self._owns_ray = ray, actor, owns_ray
-        self.engine_name = _class_path(engine_cls).rpartition(":")[2]
+        self.engine_name = class_path(engine_cls).rpartition(":")[2]
         self.label = label
         self._what = f"{self.engine_name} engine" + (f" {label}" if label else "")
         self._closed = False

@@ -39,8 +39,8 @@ from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams
 
 from skyrl_trainers.engines.remote import (
     RayEngine,
-    _class_path,
-    _RemoteEngine,
+    RemoteEngineClient,
+    class_path,
     connect_ray,
     cpu_state,
     start_engine_actor,
@@ -120,7 +120,7 @@ def replica_config(engine_config: Any, index: int) -> Any:
     return engine_config.model_copy(update={"seed": seed + index})
 
 
-class RayEngineReplicas(_RemoteEngine):
+class RayEngineReplicas(RemoteEngineClient):
     """``replicas`` copies of ``engine_cls(engine_config)`` as Ray actors behind one ``InferenceEngine``
     (see the module docstring). Joins the running Ray, else ``address``, else starts a local Ray with
     ``num_cpus`` CPUs that ``close()`` shuts down. Each replica takes 1 CPU plus ``num_gpus``."""
@@ -129,7 +129,7 @@ class RayEngineReplicas(_RemoteEngine):
                  num_gpus: float = 0, num_cpus: int | None = None, num_threads: int | None = None,
                  start_timeout: float = 600.0, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self._router = ReplicaRouter(replicas, max_sessions)
-        self.engine_name = _class_path(engine_cls).rpartition(":")[2]
+        self.engine_name = class_path(engine_cls).rpartition(":")[2]
         self._closed = False
         self._updating = 0
         self._update_lock: asyncio.Lock | None = None

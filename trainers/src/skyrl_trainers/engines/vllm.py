@@ -64,12 +64,14 @@ class VLLMEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = Field("smollm2-135m", description="Built-in name (tiny-random, smollm2-135m), HF hub id or folder.")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="Weights' dtype; auto: the "
+                                                                      "model's own.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Fraction of GPU memory vLLM may take "
                                           "(leave room for the trainer when colocated).")
     max_model_len: int | None = Field(4096, ge=16, description="Context length; None uses the model's.")
-    tensor_parallel_size: int = Field(1, ge=1)
-    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine shards the model over.")
+    enable_prefix_caching: bool = Field(True, description="Reuse the KV cache of shared prompt prefixes (a GRPO "
+                                        "group's prompt, earlier turns).")
     enable_sleep_mode: bool = Field(False, description="Allow sleep()/wake_up() to free GPU memory for training.")
     enforce_eager: bool = Field(False, description="Skip CUDA graphs (faster start, slower decode).")
     logprobs_mode: LogprobMode = Field("processed", description="processed: under the sampling distribution; "
@@ -80,7 +82,7 @@ class VLLMEngineConfig(BaseModel):
         "pauses them between engine steps and they go on with the new weights over their KV cache; recompute "
         "pauses them and recomputes their KV with the new weights. keep/recompute need a vLLM whose "
         "AsyncLLM.pause_generation takes mode=.")
-    seed: int = 0
+    seed: int = Field(0, description="Seeds requests that bring no seed of their own.")
     extra_engine_args: dict[str, Any] = Field(default_factory=dict,
                                               description="More vllm.AsyncEngineArgs fields, passed as is.")
     replicas: int = Field(1, ge=1, description="Copies of the engine, each in its own Ray actor (with its own GPU "

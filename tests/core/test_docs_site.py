@@ -1,0 +1,244 @@
+"""The documentation site (mkdocs.yml, docs/): the strict build passes and the generated reference is complete.
+
+The completeness checks are the ``undocumented_*`` functions of docs/gen_reference.py, run here on the
+installed hookspecs, CLI and config classes, and once each on a fixture that lacks documentation, to
+show that they report what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pluggy
+import pytest
+import typer
+from pydantic import BaseModel, Field
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_gen_reference() -> types.ModuleType:
+    name = "skyrl_docs_gen_reference_under_test"
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / "gen_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load_gen_reference()
+
+
+@pytest.fixture(scope="module")
+def installed_plugins():
+    """The installed plugins (entry points), as the site build sees them, whatever another test swapped in."""
+    from skyrl_core.plugins import new_plugin_manager, set_plugin_manager
+
+    pm = new_plugin_manager()
+    previous = set_plugin_manager(pm)
+    try:
+        yield pm
+    finally:
+        set_plugin_manager(previous)
+
+
+def _problems(problems: list[str]) -> str:
+    return f"{len(problems)} undocumented:\n" + "\n".join(problems)
+
+
+# -- the build -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_strict_build_passes(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    site = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert not re.search(r"^(WARNING|ERROR)\b", output, re.MULTILINE), output
+    for page in ["index", "concepts", "plugin-guide", "contributing", *(f"packages/{name}" for name in gen.PACKAGES),
+                 "reference/hooks", "reference/cli", "reference/configuration"]:
+        assert (site / f"{page}.html").is_file(), page
+    hooks = (site / "reference" / "hooks.html").read_text()
+    assert "register_envs" in hooks and "on_train_step_end" in hooks
+    assert "skyrl check" in (site / "reference" / "cli.html").read_text()
+    assert "trainer.lr" in (site / "reference" / "configuration.html").read_text()
+    assert (site / "assets" / "viewer" / "docs" / "metrics.png").is_file()  # an image a README shows
+    assert not (ROOT / "docs" / "packages").exists() and not (ROOT / "docs" / "reference").exists()  # virtual
+
+
+# -- completeness of the real reference ------------------------------------------------------------------
+
+
+def test_every_hookspec_has_a_docstring_in_the_hook_reference():
+    from skyrl_core import hookspecs
+
+    specs = gen.hookspecs(hookspecs)
+    assert {fn.__name__ for fn in specs} >= {"register_envs", "register_probes", "register_commands",
+                                             "on_rollout_end"}
+    assert gen.undocumented_hooks(hookspecs) == [], _problems(gen.undocumented_hooks(hookspecs))
+    page = gen.hooks_page(hookspecs)
+    for fn in specs:
+        assert f"def {fn.__name__}(" in page
+        assert gen.docstring_markdown(fn.__doc__.strip().splitlines()[0]) in page
+
+
+def test_every_cli_command_has_help_text(installed_plugins):
+    from skyrl_core.cli import build_app
+
+    app = build_app()
+    paths = [doc.path for doc in gen.walk_commands(app)]
+    assert {"skyrl", "skyrl run", "skyrl check", "skyrl new env"} <= set(paths)
+    problems = gen.undocumented_commands(app)
+    assert problems == [], _problems(problems)
+    page = gen.cli_page(build_app())
+    for path in paths:
+        assert f"Usage: {path} " in page, path
+
+
+def test_every_config_field_of_every_registered_component_has_a_description(installed_plugins):
+    models = gen.config_models(installed_plugins.registry)
+    assert {"env reverse_text", "generator default", "engine openai", "run"} <= set(models)
+    problems = gen.undocumented_fields(models)
+    assert problems == [], _problems(problems)
+
+
+# -- the checks report what is missing -------------------------------------------------------------------
+
+
+def test_an_undocumented_hookspec_is_reported():
+    module = types.ModuleType("fake_hookspecs")
+    exec(textwrap.dedent('''
+        import pluggy
+        hookspec = pluggy.HookspecMarker("skyrl")
+
+        @hookspec
+        def register_things(register) -> None:
+            """Register things."""
+
+        @hookspec
+        def on_thing_done(thing: int) -> None:
+            pass
+
+        def helper():  # not a hookspec: never reported
+            pass
+    '''), module.__dict__)
+    assert isinstance(module.hookspec, pluggy.HookspecMarker)
+    assert gen.undocumented_hooks(module) == ["hook on_thing_done has no docstring"]
+    page = gen.hooks_page(module)
+    assert "def register_things(register) -> None" in page and "def on_thing_done(thing: int) -> None" in page
+
+
+def test_an_undocumented_command_option_or_argument_is_reported():
+    app = typer.Typer(help="A test CLI.")
+
+    @app.command()
+    def documented(count: int = typer.Option(1, "--count", help="How many.")) -> None:
+        """Do the documented thing."""
+
+    @app.command()
+    def bare(name: str = typer.Argument(...), flag: bool = typer.Option(False, "--flag")) -> None:
+        pass
+
+    group = typer.Typer()  # a sub-command group without help
+    group.command("leaf", help="A documented leaf.")(lambda: None)
+    app.add_typer(group, name="grp")
+
+    assert gen.undocumented_commands(app, "tool") == [
+        "command `tool bare` has no help text",
+        "command `tool bare`: argument name has no help text",
+        "command `tool bare`: option --flag has no help text",
+        "command `tool grp` has no help text",
+    ]
+    page = gen.cli_page(app, "tool")
+    assert "Usage: tool documented [OPTIONS]" in page and "How many." in page and "Usage: tool grp leaf" in page
+
+
+def test_an_undocumented_config_field_is_reported_nested_ones_included():
+    class Inner(BaseModel):
+        depth: int = 1
+        width: int = Field(2, description="Documented.")
+
+    class FakeConfig(BaseModel):
+        documented: int = Field(1, description="Has one.")
+        inner: Inner = Field(default_factory=Inner, description="A nested model.")
+        bare: str | None = None
+
+    assert gen.undocumented_fields({"env fake": FakeConfig}) == [
+        f"env fake: field inner.depth has no description (declared in {__name__}.{Inner.__qualname__})",
+        f"env fake: field bare has no description (declared in {__name__}.{FakeConfig.__qualname__})",
+    ]
+    page = gen.config_page({"env fake": FakeConfig})
+    assert "<code>env.inner.width</code> | <code>int</code> | <code>2</code> | Documented." in page
+    assert "<code>env.bare</code> | <code>str &#124; None</code> | <code>None</code> | *(no description)*" in page
+
+
+# -- pages from the READMEs ------------------------------------------------------------------------------
+
+
+def test_getting_started_shows_the_readme_quickstart_commands_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", quickstart, re.DOTALL)
+    assert block is not None
+    assert f"```bash\n{block.group(1)}```" in (ROOT / "docs" / "index.md").read_text()
+
+
+def test_each_package_readme_links_to_its_page_and_the_page_drops_that_line():
+    for name, readme in gen.PACKAGES.items():
+        head = (ROOT / readme).read_text().splitlines()[:6]
+        assert any(line.startswith(gen.DOCS_LINK_PREFIX) and f"/packages/{name}.html" in line for line in head), readme
+        page = gen.package_page(name)
+        assert gen.DOCS_LINK_PREFIX not in page.markdown
+        assert not re.search(r"\]\([^)]*README\.md", page.markdown), f"{name}: a link to a README is left"
+
+
+def test_readme_links_are_rewritten_for_the_site(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two" / "pics").mkdir(parents=True)
+    (tmp_path / "two" / "pics" / "plot.png").write_bytes(b"png")
+    (tmp_path / "one" / "README.md").write_text("# one\n\n## Usage notes\n\nText.\n")
+    (tmp_path / "two" / "README.md").write_text(textwrap.dedent("""\
+        # two
+
+        Documentation site: <http://127.0.0.1:8000/packages/two.html>
+
+        See [one's usage](../one/README.md#usage-notes), [one](../one/), [gone](../one/README.md#nowhere),
+        [this](#section-b), [bad](#missing), [the script](../bench/run.py) and [a site](https://example.org/x.md).
+        ![a plot](pics/plot.png)
+
+        ```markdown
+        [left alone](../one/README.md)
+        ```
+
+        ## Section B
+        """))
+    page = gen.package_page("two", tmp_path, {"one": "one/README.md", "two": "two/README.md"})
+    assert page.markdown == textwrap.dedent("""\
+        # two
+
+        See [one's usage](one.md#usage-notes), [one](one.md), [gone](one.md),
+        [this](#section-b), bad, the script and [a site](https://example.org/x.md).
+        ![a plot](../assets/two/pics/plot.png)
+
+        ```markdown
+        [left alone](../one/README.md)
+        ```
+
+        ## Section B
+        """)
+    assert page.assets == {"assets/two/pics/plot.png": tmp_path / "two" / "pics" / "plot.png"}
+    assert page.dropped_links == ["two/README.md: ../bench/run.py"]
+    assert page.broken_anchors == ["two/README.md: ../one/README.md#nowhere", "two/README.md: #missing"]
