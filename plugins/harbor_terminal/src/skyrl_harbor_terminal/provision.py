@@ -21,7 +21,8 @@ from typing import Any
 
 from skyrl_sandbox import images
 from skyrl_sandbox.errors import SandboxError
-from skyrl_sandbox.machine import Machine, MachineSpec, start_machine
+from skyrl_sandbox.machine import Machine, MachineSpec
+from skyrl_sandbox.machine_factory import start_machine
 
 from . import substitutes
 from .builds import TaskEnvironmentError, build_task_image, substituted
@@ -246,7 +247,7 @@ def _copy_sources(context: Path, step: CopyStep) -> dict[str, dict[str, bytes]]:
 async def _image_workdir(image: str | None) -> str:
     if image is None:
         return DEFAULT_WORKDIR
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.docker_client import shared_client
 
     config = await asyncio.to_thread(lambda: shared_client().api.inspect_image(image)["Config"])
     return (config or {}).get("WorkingDir") or DEFAULT_WORKDIR
