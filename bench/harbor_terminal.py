@@ -48,7 +48,8 @@ from skyrl_harbor_terminal.images import TERMINAL_IMAGE
 from skyrl_harbor_terminal.provision import Provisioner
 from skyrl_harbor_terminal.task import HarborTask
 from skyrl_sandbox import images
-from skyrl_sandbox.machine import Machine, MachineSpec, start_machine
+from skyrl_sandbox.machine import Machine, MachineSpec
+from skyrl_sandbox.machine_factory import start_machine
 from timing import percentile, timed
 
 MS = 1000.0

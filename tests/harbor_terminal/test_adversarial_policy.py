@@ -85,7 +85,8 @@ async def test_a_process_that_cannot_be_killed_gives_reward_0_and_the_reason_wit
     in a frozen child group, which no agent can do) is named, and the tests (which would pay 1) never run."""
     from skyrl_harbor_terminal.task import load_task
     from skyrl_harbor_terminal.verifier import verify
-    from skyrl_sandbox.machine import MachineSpec, start_machine
+    from skyrl_sandbox.machine import MachineSpec
+    from skyrl_sandbox.machine_factory import start_machine
 
     if not Path("/sys/fs/cgroup/freezer/cgroup.procs").exists():
         pytest.skip("pinning a process needs the cgroup v1 freezer (/sys/fs/cgroup/freezer)")

@@ -167,7 +167,8 @@ async def test_docker_roots_git_refuses_a_repository_the_agent_owns(docker_backe
     files belong to the same host uid as root's, so git would trust it: the built-in git tasks copy the objects
     into a fresh root-owned bare repository instead (see the "git hooks and config" trick)."""
     from skyrl_sandbox import images
-    from skyrl_sandbox.machine import MachineSpec, start_machine
+    from skyrl_sandbox.machine import MachineSpec
+    from skyrl_sandbox.machine_factory import start_machine
 
     images.ensure_base_image(TERMINAL_IMAGE)
     async with await start_machine(MachineSpec(image=TERMINAL_IMAGE, memory_mb=256), docker_backend) as machine:

@@ -24,6 +24,7 @@ from skyrl_sandbox import (
     SandboxError,
     WorkerGone,
     WorkerProgram,
+    docker_client,
     docker_engine,
     images,
 )
@@ -421,10 +422,10 @@ def test_a_dockerfile_from_an_image_that_is_not_local_is_refused(api, tmp_path):
 
 
 def test_building_the_base_image_says_what_is_missing(monkeypatch):
-    monkeypatch.setattr(docker_engine, "engine_problem", lambda: "no Docker Engine answers (test)")
+    monkeypatch.setattr(docker_client, "engine_problem", lambda: "no Docker Engine answers (test)")
     with pytest.raises(BackendUnavailable, match="cannot build Docker images: no Docker Engine answers"):
         images.build_base_image(force=True)
-    monkeypatch.setattr(docker_engine, "engine_problem", lambda: None)
+    monkeypatch.setattr(docker_client, "engine_problem", lambda: None)
     monkeypatch.setattr(images, "image_exists", lambda tag: False)
     monkeypatch.setattr(images.shutil, "which", lambda name: None)
     with pytest.raises(BackendUnavailable, match="mmdebstrap is not installed .*apt-get install mmdebstrap"):

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from skyrl_sandbox import images
 from skyrl_sandbox.docker_sidecars import SERVICE_LABEL, SIDECAR_OF_LABEL, SidecarError
-from skyrl_sandbox.machine import MachineSpec, start_machine
+from skyrl_sandbox.machine import MachineSpec
+from skyrl_sandbox.machine_factory import start_machine
 from skyrl_sandbox.sidecars import Healthcheck, SidecarSpec, host_entries, start_order
 from skyrl_sandbox.testing import NO_ROUTE_PROBE, require_backend
 
@@ -194,7 +195,8 @@ async def test_a_sidecar_that_fails_fails_the_start_by_name_and_leaves_nothing(d
 HOLDER = """
 import asyncio, json, sys
 from skyrl_sandbox import images
-from skyrl_sandbox.machine import MachineSpec, start_machine
+from skyrl_sandbox.machine import MachineSpec
+from skyrl_sandbox.machine_factory import start_machine
 from skyrl_sandbox.sidecars import SidecarSpec
 
 async def main():

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from skyrl_sandbox import SandboxError, images
-from skyrl_sandbox.machine import MACHINE_BACKENDS, Machine, MachineSpec, start_machine
+from skyrl_sandbox.machine import MACHINE_BACKENDS, Machine, MachineSpec
+from skyrl_sandbox.machine_factory import start_machine
 from skyrl_sandbox.testing import require_backend
 
 SECRET_VARIABLE = "SKYRL_TEST_PARENT_SECRET"

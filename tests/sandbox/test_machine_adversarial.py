@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import test_machine
-from skyrl_sandbox.machine import Machine, start_machine
+from skyrl_sandbox.machine import Machine
+from skyrl_sandbox.machine_factory import start_machine
 from test_machine import agent_sh, machine_spec, marker, running
 
 machine_backend = test_machine.machine_backend  # the fixture: each machine backend in turn

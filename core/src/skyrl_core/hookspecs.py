@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import typer
 
     from skyrl_core.registry import ComponentSpec
-    from skyrl_core.testing.adversarial import Probe
+    from skyrl_core.testing.probe import Probe
     from skyrl_core.trajectory import Trajectory
 
 hookspec = pluggy.HookspecMarker("skyrl")

@@ -187,7 +187,7 @@ class PluginManager(pluggy.PluginManager):
     def probes(self) -> list[Any]:
         """Every plugin's adversarial probes (``register_probes``), in registration order; a plugin whose hook
         raises is reported and unregistered, like a failing ``register_*`` hook."""
-        from skyrl_core.testing.adversarial import Probe
+        from skyrl_core.testing.probe import Probe
 
         found: list[Any] = []
         for impl in reversed(self.hook.register_probes.get_hookimpls()):

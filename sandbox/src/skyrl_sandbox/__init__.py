@@ -12,7 +12,8 @@ from .backends import BACKENDS, REQUIRE_ENV, backend_problem, resolve_backend
 from .errors import BackendUnavailable, ProcessesSurvived, ProtocolViolation, SandboxError, WorkerGone
 from .launch import WorkerProgram
 from .limits import Limits
-from .machine import Machine, MachineSpec, start_machine
+from .machine import Machine, MachineSpec
+from .machine_factory import start_machine
 from .pool import WorkerPool
 
 __all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "Limits", "Machine", "MachineSpec", "ProcessesSurvived",

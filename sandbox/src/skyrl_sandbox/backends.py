@@ -18,10 +18,10 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 
 from .errors import BackendUnavailable, SandboxError
+from .launch import plan_bwrap, probe_program, python_executable
 from .limits import Limits
 
 log = logging.getLogger(__name__)
@@ -44,16 +44,10 @@ _warned_subprocess: list[bool] = []
 _PROBE_LIMITS = Limits(tmp_size_mb=1, max_message_mb=1)
 
 
-def python_executable() -> str:
-    """The base interpreter (not a venv's wrapper), so a worker gets no site-packages by accident."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-
-
 @functools.cache
 def bwrap_problem() -> str | None:
     """None when bubblewrap can start the interpreter here; else why not (cached per process)."""
     from .dirs import make_host_dir
-    from .launch import plan_bwrap, probe_program
 
     if shutil.which("bwrap") is None:
         return "bwrap is not installed"
@@ -73,7 +67,7 @@ def bwrap_problem() -> str | None:
 
 def docker_problem() -> str | None:
     """None when a Docker Engine answers here; else why not (asked anew each time: engines come and go)."""
-    from .docker_engine import engine_problem
+    from .docker_client import engine_problem
 
     return engine_problem()
 

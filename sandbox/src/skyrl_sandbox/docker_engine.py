@@ -1,4 +1,5 @@
-"""The Docker backend: a real Docker Engine through the ``docker`` SDK (optional extra).
+"""The Docker backend's container worker: a real Docker Engine through the ``docker`` SDK (optional extra),
+reached with the client of :mod:`.docker_client`.
 
 A worker runs as the main process of one container, started from the pool's spawner thread and
 driven through the container's own stdin/stdout: the parent attaches to the container before it
@@ -29,7 +30,6 @@ import os
 import secrets
 import socket
 import struct
-import threading
 import weakref
 from collections import deque
 from pathlib import Path
@@ -37,15 +37,20 @@ from typing import Any
 
 from . import framing
 from .dirs import make_host_dir, remove_tree
+from .docker_client import (  # the engine client lives in .docker_client; these names stay importable from here
+    SKYRL_DOCKER_SOCKET,  # noqa: F401
+    client,  # noqa: F401
+    docker_host,
+    engine_problem,  # noqa: F401
+    shared_client,
+)
 from .errors import SandboxError, WorkerGone
 from .launch import INSIDE_INBOX, INSIDE_LIB, LaunchPlan, WorkerProgram, clean_env, python_args, spawn_settings
 from .limits import Limits
-from .process import _tree_threads
+from .process import tree_threads
 
 log = logging.getLogger(__name__)
 
-# Where scripts/setup.sh starts an engine of its own when none answers (data, socket and log live there).
-SKYRL_DOCKER_SOCKET = Path("/var/lib/skyrl-docker/docker.sock")
 CONTAINER_PYTHON = "/usr/bin/python3"
 LABEL = "skyrl.sandbox"
 OWNER_LABEL = "skyrl.sandbox.owner"
@@ -56,62 +61,7 @@ CPU_LIMIT_NANOS = 10**9  # one CPU
 UID_RANGE = (1_000_000_000, 1_500_000_000)  # per-container uids, far above any host account
 STDERR_TAIL_BYTES = 64 * 1024
 _STDOUT, STREAM_HEADER = 1, struct.Struct(">BxxxI")
-_clients: dict[int, Any] = {}
-_clients_lock = threading.Lock()
 _swept: set[int] = set()
-
-
-def docker_host() -> str | None:
-    """The engine to talk to: DOCKER_HOST, else the default socket, else the one setup.sh starts.
-
-    Of the two sockets, one that accepts connections wins over one left behind by a stopped engine.
-    """
-    if os.environ.get("DOCKER_HOST"):
-        return os.environ["DOCKER_HOST"]
-    present = [path for path in (Path("/var/run/docker.sock"), SKYRL_DOCKER_SOCKET) if path.exists()]
-    for path in present:
-        if _accepts(path):
-            return f"unix://{path}"
-    return f"unix://{present[0]}" if present else None
-
-
-def _accepts(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def client() -> Any:
-    """A connected ``docker.DockerClient``; raises ImportError or the SDK's error when that fails."""
-    import docker
-
-    host = docker_host()
-    return docker.DockerClient(base_url=host) if host else docker.from_env()
-
-
-def shared_client() -> Any:
-    """This process's client (a forked child makes its own: connections must not be shared)."""
-    pid = os.getpid()
-    with _clients_lock:
-        if pid not in _clients:
-            _clients[pid] = client()
-        return _clients[pid]
-
-
-def engine_problem() -> str | None:
-    """None when a Docker Engine answers; else why not."""
-    try:
-        import docker  # noqa: F401
-    except ImportError:
-        return "the docker SDK is not installed (pip install 'skyrl-sandbox[docker]')"
-    try:
-        client().ping()
-    except Exception as exc:  # noqa: BLE001 - any failure to reach the engine is the answer
-        return f"no Docker Engine answers ({docker_host() or 'DOCKER_HOST unset'}): {type(exc).__name__}: {exc}"
-    return None
 
 
 # --- starting a worker ------------------------------------------------------------------------------
@@ -391,7 +341,7 @@ class ContainerWorker:
             except (OSError, ValueError):
                 pass
         if self._local:
-            return _tree_threads(self._init_pid)
+            return tree_threads(self._init_pid)
         try:  # an engine whose processes this machine cannot see: ask it
             stats = self.api.stats(self.container_id, stream=False, one_shot=True)
             return int(stats["pids_stats"]["current"])

@@ -118,7 +118,7 @@ def image_exists(tag: str) -> bool:
     """Whether the engine has an image with this tag (no pull is ever attempted)."""
     import docker
 
-    from .docker_engine import shared_client
+    from .docker_client import shared_client
 
     try:
         shared_client().api.inspect_image(tag)
@@ -129,7 +129,7 @@ def image_exists(tag: str) -> bool:
 
 def base_image_problem(tag: str = BASE_TAG) -> str | None:
     """None when the base image is on the engine; else what is missing and how to build it."""
-    from .docker_engine import engine_problem
+    from .docker_client import engine_problem
 
     problem = engine_problem()
     if problem:
@@ -142,7 +142,7 @@ def base_image_problem(tag: str = BASE_TAG) -> str | None:
 
 def base_image_unavailable(tag: str = BASE_TAG) -> str | None:
     """None when the base image exists or can be built here (engine and mmdebstrap present); else why not."""
-    from .docker_engine import engine_problem
+    from .docker_client import engine_problem
 
     problem = engine_problem()
     if problem or image_exists(tag) or shutil.which("mmdebstrap"):
@@ -202,7 +202,7 @@ def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Seque
             raise ImageBuildError(f"Debian {suite} cannot be built here (for {tag}): {exc}") from exc
         say(f"importing {rootfs.stat().st_size / 2**20:.0f} MiB into Docker as {tag}")
         repository, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
-        from .docker_engine import shared_client
+        from .docker_client import shared_client
 
         api = shared_client().api
         try:
@@ -245,7 +245,7 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
         digest = hashlib.sha256(f"{digest}\0{json.dumps(sorted(buildargs.items()))}".encode()).hexdigest()
     import docker
 
-    from .docker_engine import shared_client
+    from .docker_client import shared_client
 
     api = shared_client().api
     if not force:
@@ -360,7 +360,7 @@ def _check_from_lines(text: str, recipe: Path, base: str, say: Progress) -> None
 
 
 def _smoke_test(tag: str, say: Progress) -> None:
-    from .docker_engine import shared_client
+    from .docker_client import shared_client
 
     api = shared_client().api
     container = api.create_container(tag, _SMOKE_TEST, detach=True, network_disabled=True,
@@ -393,7 +393,7 @@ def _run_logged(argv: list[str], say: Progress, name: str) -> None:
 
 
 def _require_engine() -> None:
-    from .docker_engine import engine_problem
+    from .docker_client import engine_problem
 
     problem = engine_problem()
     if problem:

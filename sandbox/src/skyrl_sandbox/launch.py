@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends import python_executable
 from .limits import Limits
 
 RUNTIME_PACKAGE = Path(__file__).resolve().parent / "runtime"
@@ -28,6 +27,11 @@ INSIDE_LIB = "/skyrl/lib"
 INSIDE_INBOX = "/skyrl/inbox"
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def python_executable() -> str:
+    """The base interpreter (not a venv's wrapper), so a worker gets no site-packages by accident."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 @dataclass(frozen=True)

@@ -141,16 +141,3 @@ class Machine(abc.ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-
-async def start_machine(spec: MachineSpec, backend: str = "docker") -> Machine:
-    """Start a machine on ``backend`` ("docker" or "bwrap"); raises BackendUnavailable where it cannot run."""
-    if backend == "docker":
-        from .docker_machine import DockerMachine
-
-        return await DockerMachine.start(spec)
-    if backend == "bwrap":
-        from .bwrap_machine import BwrapMachine
-
-        return await BwrapMachine.start(spec)
-    raise ValueError(f"unknown machine backend {backend!r}; choose one of {', '.join(MACHINE_BACKENDS)}")

@@ -79,7 +79,7 @@ class WorkerProcess:
             count = self.cgroup.task_count()
             if count is not None:
                 return count
-        return _tree_threads(self.popen.pid)
+        return tree_threads(self.popen.pid)
 
     def write_inbox(self, name: str, data: bytes) -> str:
         """Put a file where the worker can read it; returns its path as the worker sees it."""
@@ -146,7 +146,7 @@ def _kill_group(popen: subprocess.Popen) -> None:
             pass
 
 
-def _tree_threads(root: int) -> int:
+def tree_threads(root: int) -> int:
     """Threads of ``root`` and all its descendants, from /proc (0 for a process that is gone)."""
     total, pending = 0, [root]
     while pending:

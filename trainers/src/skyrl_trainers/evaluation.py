@@ -28,6 +28,7 @@ from skyrl_core.held_out import eval_summary, held_out_metrics, held_out_split
 from skyrl_core.plugins import get_registry
 
 from skyrl_trainers.data import load_training_tasks
+from skyrl_trainers.seeding import accepts_seed
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,6 @@ class HeldOutEval:
         """Build the evaluation's generator on the run's engine (nothing when evaluation is off)."""
         if not self.tasks:
             return
-        from skyrl_trainers.trainer import accepts_seed
-
         config = self.config
         self.generator = get_registry().get("generator", config.generator_id).load()(
             self.generator_config, engine=engine, tokenizer=tokenizer, env_id=config.env_id, env_config=config.env)

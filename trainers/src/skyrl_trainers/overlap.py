@@ -40,6 +40,7 @@ from skyrl_trainers.async_metrics import (
     versions_per_trajectory,
 )
 from skyrl_trainers.data import ConsumedTasks
+from skyrl_trainers.run_summary import summarize
 from skyrl_trainers.staleness import StalenessManager
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,6 @@ class OneStepOffLoop(_Overlapped):
         return _Prefetched(await self.generate(tasks, f"step{step}"), version)
 
     async def run(self, start: int, progress: Any) -> dict[str, float]:
-        from skyrl_trainers.trainer import summarize
-
         self.version = start
         self.versions = PolicyVersions(self.engine, start)
         history: list[dict[str, float]] = []
@@ -269,8 +268,6 @@ class AsyncLoop(_Overlapped):
                            "untrained": "generated again after resume"}}
 
     async def run(self, start: int, progress: Any) -> dict[str, float]:
-        from skyrl_trainers.trainer import summarize
-
         cfg = self.cfg
         self.version = start
         self.versions = PolicyVersions(self.engine, start)

@@ -11,7 +11,6 @@ generation with training (:mod:`.overlap`); this module's loop is ``sync``'s.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 import time
@@ -45,6 +44,8 @@ from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
+from skyrl_trainers.run_summary import summarize
+from skyrl_trainers.seeding import accepts_seed
 from skyrl_trainers.signal import NoSignalMonitor, zero_variance_share
 from skyrl_trainers.worker import WorkerSpec, accumulate
 from skyrl_trainers.workers import make_worker_group
@@ -320,15 +321,6 @@ class _WeightSync:
             self.loop.run_until_complete(self.engine.update_weights(self.workers.call("full_state_dict")[0]))
 
 
-def accepts_seed(generator: Any) -> bool:
-    """Whether ``generator.generate`` takes a ``seed`` keyword (by name or through ``**kwargs``)."""
-    try:
-        parameters = inspect.signature(generator.generate).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any((p.name == "seed" and p.kind != p.POSITIONAL_ONLY) or p.kind == p.VAR_KEYWORD for p in parameters)
-
-
 def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """Combine the sums the ranks return into per-step means."""
     total: dict[str, float] = {}
@@ -357,30 +349,3 @@ def train_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
         "train/skipped_steps": per_rank[0].get("skipped_steps", 0.0),
         **off_policy,
     }
-
-
-SUMMARY_WINDOW = 3  # steps averaged for the reward at the start and at the end of a run
-
-
-def summarize(history: list[dict[str, float]], last_step: int, seconds: float) -> dict[str, float]:
-    """The numbers a user checks first: reward at the start and end, speed, the final training stats.
-
-    ``reward/first`` and ``reward/last`` are means over the first and last ``SUMMARY_WINDOW`` steps (one
-    step's reward depends on which tasks it drew); ``task_reward/first|last`` likewise for an env that
-    reports its unshaped score as ``env/task_reward``.
-    """
-    summary: dict[str, float] = {"steps": float(last_step), "time/total_seconds": seconds}
-    if not history:
-        return summary
-    for key, name in (("reward/mean", "reward"), ("env/task_reward", "task_reward")):
-        values = [h[key] for h in history if key in h]
-        if values:
-            summary[f"{name}/first"] = sum(values[:SUMMARY_WINDOW]) / len(values[:SUMMARY_WINDOW])
-            summary[f"{name}/last"] = sum(values[-SUMMARY_WINDOW:]) / len(values[-SUMMARY_WINDOW:])
-    summary["reward/best"] = max(h.get("reward/mean", 0.0) for h in history)
-    last = history[-1]
-    for key in ("train/loss", "train/kl", "train/entropy", "train/grad_norm", "train/logprob_gap_mean",
-                "throughput/train_tokens_per_second", "rollout/generated_tokens_per_second", "time/step_seconds"):
-        if key in last:
-            summary[key] = last[key]
-    return summary

@@ -34,62 +34,13 @@ from skyrl_core.env import EnvConfig, Message, TextEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.oracle import task_name
 from skyrl_core.registry import did_you_mean
+from skyrl_core.testing.probe import Probe, Turn
 
 WRONG = "I am not sure."
 EOS_TOKENS = "<|endoftext|><|im_end|></s><|eot_id|>"
 SUCCESS_METRICS = ("success", "passed", "correct", "solved")
 _WORD = re.compile(r"[A-Za-z]+")
-_FORMAT_TOKEN = re.compile(r"</?[A-Za-z_][\w-]*/?>|```[\w-]*|\b[A-Z_]{3,}\(")
 _EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Turn:
-    """What a probe knows before its next action."""
-
-    number: int  # 1-based
-    max_turns: int
-    prompt: list[Message]
-    observations: list[list[Message]]  # what each earlier action got back
-    actions: list[str]  # the probe's earlier actions
-    gold: list[str]  # the task's gold actions ([] when it has none): material for wrong actions only
-
-    @property
-    def last(self) -> bool:
-        return self.number >= self.max_turns
-
-    @property
-    def shown(self) -> str:
-        """The text the env showed last: the latest observation, else the prompt."""
-        messages = self.observations[-1] if self.observations and self.observations[-1] else self.prompt
-        return "\n".join(message["content"] for message in messages)
-
-    def format_tokens(self) -> list[str]:
-        """The env's own markup (tags, code fences, ``FINAL(``-style calls) as its prompt and gold use it."""
-        text = "\n".join([*(m["content"] for m in self.prompt), *self.gold])
-        return list(dict.fromkeys(_FORMAT_TOKEN.findall(text)))
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A scripted policy: ``act`` gives the action for each turn.
-
-    ``about`` says what it tries and, when it is flagged, the usual fix. ``bar`` is what it must not
-    beat: ``"null"`` (the default), the null agent's reward; ``"filler"``, that and also the episode
-    it is made from (:data:`WRONG` every turn), for probes that change one reply of it (an empty
-    reply that scores better than a wrong one dodged a penalty); ``"wrong"``, the reward of an
-    honest wrong answer (the last gold action made wrong, on the last turn), for probes built from
-    wrong answers in an env that gives partial credit; ``"gold"``, reaching the gold's full reward
-    (for probes that do part of the work honestly, or answer almost right). ``env`` is the env id a
-    plugin's probe is for (``None``: every env).
-    """
-
-    name: str
-    act: Callable[[Turn], str]
-    about: str
-    needs_gold: bool = False
-    bar: Literal["null", "filler", "wrong", "gold"] = "null"
-    env: str | None = None
 
 
 def near_miss(action: str) -> str:

@@ -9,9 +9,12 @@ looks like a missing network says so and how to fix it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from skyrl_sandbox import images
 from skyrl_sandbox.errors import SandboxError
@@ -20,7 +23,13 @@ from . import substitutes
 from .config import HarborTerminalConfig
 from .images import TERMINAL_IMAGE
 
+if TYPE_CHECKING:
+    from .task_model import HarborTask
+
 log = logging.getLogger(__name__)
+BuildOnce = Callable[[str, Callable[[], Coroutine[Any, Any, str]]], Awaitable[str]]
+"""``build_once(tag, build)``: ``build()``'s result for ``tag``, started at most once per process
+(:meth:`~skyrl_harbor_terminal.provision.Provisioner.build_once`)."""
 _substituted: dict[str, tuple[str, ...]] = {}  # image tag -> "ref: Debian suite" for each image its build substituted
 
 
@@ -68,3 +77,10 @@ async def build_task_image(what: str, context: Path, dockerfile: str, tag: str, 
                 handle.write(f"hint: {hint}\n")
         raise TaskEnvironmentError(f"{what} did not build ({exc})" + (f". {hint}" if hint else "")
                                    + f"; build log: {log_file}") from exc
+
+
+def task_image_tag(task: HarborTask) -> str:
+    """A tag per task folder: its name, made tag-safe, and a hash of where it lives."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", task.name.lower()).strip("-.") or "task"
+    where = hashlib.sha256(str(task.path.resolve()).encode()).hexdigest()[:10]
+    return f"skyrl-harbor/{slug[:80]}:{where}"

@@ -45,7 +45,7 @@ def images_command(
 ) -> None:
     """List the images a dataset's tasks need (each FROM, COPY --from and task.toml docker_image): which the
     engine has, which the offline base-image map builds here (from which Debian suite), which cannot be had."""
-    from skyrl_sandbox.docker_engine import engine_problem
+    from skyrl_sandbox.docker_client import engine_problem
 
     tasks, task_problems = _load(path)
     problem = engine_problem()

@@ -30,6 +30,8 @@ from typing import Any, NoReturn
 import yaml
 from skyrl_sandbox.sidecars import CONDITIONS, MACHINE_NAME, Healthcheck, SidecarSpec, start_order
 
+from .task_errors import TaskFormatError
+
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml")
 _TOP_KEYS = {"services", "version", "name"}
 _SERVICE_KEYS = {"build", "image", "environment", "command", "entrypoint", "healthcheck", "depends_on", "working_dir",
@@ -427,8 +429,6 @@ class _Parser:
 
 
 def _fail(message: str) -> NoReturn:
-    from .task import TaskFormatError  # here: task imports this module
-
     raise TaskFormatError(message)
 
 

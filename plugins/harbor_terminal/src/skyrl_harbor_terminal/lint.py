@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from .dockerfile import DockerfileError, parse_dockerfile
 
 if TYPE_CHECKING:
-    from .task import HarborTask
+    from .task_model import HarborTask
 
 DEFAULT_WORKDIR = "/app"
 # Options of the test runners whose value is not a path to collect from.

@@ -9,9 +9,7 @@ fast, with the same message and the path of its build log).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -21,10 +19,11 @@ from typing import Any
 
 from skyrl_sandbox import images
 from skyrl_sandbox.errors import SandboxError
-from skyrl_sandbox.machine import Machine, MachineSpec, start_machine
+from skyrl_sandbox.machine import Machine, MachineSpec
+from skyrl_sandbox.machine_factory import start_machine
 
 from . import substitutes
-from .builds import TaskEnvironmentError, build_task_image, substituted
+from .builds import TaskEnvironmentError, build_task_image, substituted, task_image_tag
 from .config import HarborTerminalConfig
 from .dockerfile import BwrapRecipe, CopyStep, parse_dockerfile, plan_for_bwrap
 from .images import TERMINAL_IMAGE
@@ -66,7 +65,7 @@ class Provisioner:
             built = time.monotonic()
             image = await self.image(task, config) if backend == "docker" else None
             if backend == "docker":
-                await service_images(self, task, config)  # the compose services' images, built here too
+                await service_images(self.build_once, task, config)  # the compose services' images, built here too
             build_s = time.monotonic() - built
             await self._rate_limit()
             started = time.monotonic()
@@ -118,7 +117,7 @@ class Provisioner:
             network=environment.allow_internet and config.allow_internet,
             env={**(recipe.env if recipe else {}), **environment.env})  # [environment] env wins, as docker run -e does
         if backend == "docker":
-            spec = with_services(spec, task, await service_images(self, task, config))
+            spec = with_services(spec, task, await service_images(self.build_once, task, config))
         machine = await start_machine(spec, backend)
         if recipe is not None:
             try:
@@ -152,13 +151,6 @@ def _prebuilt_image(task: HarborTask, config: HarborTerminalConfig) -> str:
     except SandboxError as exc:
         raise TaskEnvironmentError(f"task {task.name}: the substitute of its image {image} did not build ({exc})") \
             from exc
-
-
-def task_image_tag(task: HarborTask) -> str:
-    """A tag per task folder: its name, made tag-safe, and a hash of where it lives."""
-    slug = re.sub(r"[^a-z0-9._-]+", "-", task.name.lower()).strip("-.") or "task"
-    where = hashlib.sha256(str(task.path.resolve()).encode()).hexdigest()[:10]
-    return f"skyrl-harbor/{slug[:80]}:{where}"
 
 
 def image_source(task: HarborTask) -> str:
@@ -246,7 +238,7 @@ def _copy_sources(context: Path, step: CopyStep) -> dict[str, dict[str, bytes]]:
 async def _image_workdir(image: str | None) -> str:
     if image is None:
         return DEFAULT_WORKDIR
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.docker_client import shared_client
 
     config = await asyncio.to_thread(lambda: shared_client().api.inspect_image(image)["Config"])
     return (config or {}).get("WorkingDir") or DEFAULT_WORKDIR

@@ -14,22 +14,19 @@ import asyncio
 import dataclasses
 import re
 from functools import partial
-from typing import TYPE_CHECKING
 
 from skyrl_sandbox import images
 from skyrl_sandbox.errors import SandboxError
 from skyrl_sandbox.machine import MachineSpec
 
-from .builds import TaskEnvironmentError, build_task_image
+from .builds import BuildOnce, TaskEnvironmentError, build_task_image, task_image_tag
 from .config import HarborTerminalConfig
-from .task import HarborTask
-
-if TYPE_CHECKING:
-    from .provision import Provisioner
+from .task_model import HarborTask
 
 
-async def service_images(provisioner: Provisioner, task: HarborTask, config: HarborTerminalConfig) -> dict[str, str]:
-    """Service name -> image tag on the engine, for every service of the task's compose file."""
+async def service_images(build_once: BuildOnce, task: HarborTask, config: HarborTerminalConfig) -> dict[str, str]:
+    """Service name -> image tag on the engine, for every service of the task's compose file (each built through
+    ``build_once``, the provisioner's once-per-process builds)."""
     compose = task.environment.compose
     if compose is None:
         return {}
@@ -44,7 +41,7 @@ async def service_images(provisioner: Provisioner, task: HarborTask, config: Har
             found[service.name] = service.image
             continue
         tag = service_image_tag(task, service.name)
-        found[service.name] = await provisioner.build_once(tag, partial(
+        found[service.name] = await build_once(tag, partial(
             build_task_image, f"task {task.name}: the image of its service {service.name}", service.build.context,
             service.build.dockerfile, tag, config, timeout_s=task.environment.build_timeout_sec,
             buildargs=service.build.args))
@@ -64,8 +61,6 @@ def with_services(spec: MachineSpec, task: HarborTask, service_tags: dict[str, s
 
 def service_image_tag(task: HarborTask, service: str) -> str:
     """The task's image tag with the service's name added to the repository."""
-    from .provision import task_image_tag
-
     repository, _, where = task_image_tag(task).rpartition(":")
     return f"{repository}-svc-{re.sub(r'[^a-z0-9]+', '-', service).strip('-')}:{where}"
 

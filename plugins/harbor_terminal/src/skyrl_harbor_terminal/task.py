@@ -34,22 +34,32 @@ from typing import Any
 
 import tomllib
 
-from .compose import ComposeSpec, load_compose
+from .compose import load_compose
 from .lint import lint_task
 from .rewards import weights_problem
+from .task_errors import HarborTaskWarning, TaskFormatError
+from .task_model import (  # the model lives in .task_model; these names stay importable from here
+    HEALTHCHECK_INTERVAL_SEC,
+    HEALTHCHECK_RETRIES,
+    HEALTHCHECK_START_PERIOD_SEC,
+    HEALTHCHECK_TIMEOUT_SEC,
+    REWARD_STRATEGIES,
+    Artifact,
+    Author,
+    EnvironmentSpec,
+    HarborTask,
+    Healthcheck,
+    Step,
+    check_inside,
+    combine_rewards,  # noqa: F401 (re-exported: env and tests import it from here)
+)
 
 DEFAULT_TIMEOUT_SEC = 600.0
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 2048
 DEFAULT_STORAGE_MB = 10240
-REWARD_STRATEGIES = ("mean", "final")
 SINGLE_STEP_NAME = "main"
 STEP_WORKDIR = "workdir"  # steps/<name>/workdir/: uploaded into the work directory before the step
-# Harbor's HealthcheckConfig numbers could not be confirmed; these are ours (Docker's HEALTHCHECK shape).
-HEALTHCHECK_INTERVAL_SEC = 5.0
-HEALTHCHECK_TIMEOUT_SEC = 30.0
-HEALTHCHECK_RETRIES = 3
-HEALTHCHECK_START_PERIOD_SEC = 0.0
 MAX_ARTIFACTS = 64
 
 _TOP_KEYS = {"version", "schema_version", "task", "metadata", "verifier", "agent", "solution",
@@ -71,146 +81,6 @@ _SAFE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B|I)?", re.IGNORECASE)
 _MB_PER_UNIT = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024.0}
-
-
-class TaskFormatError(ValueError):
-    """A task folder that does not follow the Harbor task format; the message names folder and key."""
-
-
-class HarborTaskWarning(UserWarning):
-    """Something in a task that loads but is ignored or changed (unknown key, GPUs, ...)."""
-
-
-@dataclass(frozen=True)
-class Author:
-    name: str
-    email: str | None = None
-
-
-@dataclass(frozen=True)
-class Healthcheck:
-    """A command (run as root by ``bash -c``) that must exit 0 before the agent starts: Harbor's HealthcheckConfig.
-
-    It is tried every ``interval_sec`` until it succeeds; a try that fails within ``start_period_sec``
-    of the first does not count, and the check fails at the ``retries + 1``-th counted failure. Each
-    try may run ``timeout_sec``.
-    """
-
-    command: str
-    interval_sec: float = HEALTHCHECK_INTERVAL_SEC
-    timeout_sec: float = HEALTHCHECK_TIMEOUT_SEC
-    retries: int = HEALTHCHECK_RETRIES
-    start_period_sec: float = HEALTHCHECK_START_PERIOD_SEC
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """A path copied out of the machine after the agent's work on a step (Harbor's ``artifacts`` entry)."""
-
-    source: str  # absolute, normalised path in the machine
-    destination: str  # relative path under the episode's artifacts folder (default: source without the "/")
-
-
-@dataclass(frozen=True)
-class EnvironmentSpec:
-    """How to build and size the task container (``[environment]`` plus ``environment/``)."""
-
-    context_dir: Path | None  # the environment/ folder when it holds the Dockerfile
-    dockerfile: str  # file name inside context_dir
-    docker_image: str | None  # a prebuilt image named by the task
-    workdir: str | None  # [environment] workdir, else None (the Dockerfile's WORKDIR decides)
-    build_timeout_sec: float
-    cpus: float
-    memory_mb: int
-    storage_mb: int
-    allow_internet: bool  # what the task asked for; False when it did not say
-    base_packages_only: bool
-    gpus: int = 0  # asked for, never provided
-    tests_run_agent_code: bool = False  # the tests execute the agent's code: Docker only
-    env: dict[str, str] = dataclasses.field(default_factory=dict)  # [environment] env: every command sees it
-    healthcheck: Healthcheck | None = None  # [environment] healthcheck: once, after the machine starts
-    mcp_servers: tuple[dict[str, Any], ...] = ()  # read, not honoured: the agent has only a shell
-    compose: ComposeSpec | None = None  # environment/docker-compose.yaml: services beside the machine (Docker only)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One agent turn sequence and its verifier; a single-step task has one, named ``main``."""
-
-    name: str
-    instruction: str
-    tests_dirs: tuple[Path, ...]  # copied to /tests in this order, later files override earlier ones
-    solution_dir: Path | None
-    setup_script: Path | None  # run as root before the step's agent turns
-    agent_timeout_sec: float
-    agent_user: str | None
-    verifier_timeout_sec: float
-    verifier_env: dict[str, str]
-    verifier_user: str | None
-    min_reward: float | None  # stop the episode after this step when its reward is below
-    contributes_to_reward: bool
-    workdir_dir: Path | None = None  # steps/<name>/workdir/: uploaded into the work directory before the step
-    healthcheck: Healthcheck | None = None  # run after the step's setup, before the agent's turns
-    artifacts: tuple[Artifact, ...] = ()  # collected after the agent's work on this step
-
-
-@dataclass(frozen=True)
-class HarborTask:
-    name: str
-    path: Path
-    schema_version: str
-    environment: EnvironmentSpec
-    steps: tuple[Step, ...]
-    multi_step: bool
-    reward_strategy: str
-    solution_env: dict[str, str]
-    metadata: dict[str, Any]
-    warnings: tuple[str, ...]
-    description: str = ""
-    authors: tuple[Author, ...] = ()
-    keywords: tuple[str, ...] = ()
-    artifacts: tuple[Artifact, ...] = ()  # task-level: collected after the agent's work on the last step reached
-    reward_weights: dict[str, float] | None = None  # [metadata.skyrl] reward_weights (see .rewards)
-
-    def test_files(self, step: Step) -> dict[str, bytes]:
-        """The contents of ``/tests`` for ``step``: relative POSIX path -> bytes, layers merged."""
-        files: dict[str, bytes] = {}
-        for folder in step.tests_dirs:
-            files.update(_read_tree(folder, self.path))
-        return files
-
-    def solution_files(self, step: Step) -> dict[str, bytes]:
-        """The reference solution for ``step`` (``solve.sh`` and its helpers); empty when it has none."""
-        return _read_tree(step.solution_dir, self.path) if step.solution_dir else {}
-
-    def workdir_files(self, step: Step) -> tuple[dict[str, bytes], dict[str, int], list[str]]:
-        """``steps/<name>/workdir/`` of ``step``: (relative path -> bytes, relative path -> mode, empty folders)."""
-        if step.workdir_dir is None:
-            return {}, {}, []
-        files = _read_tree(step.workdir_dir, self.path)
-        modes = {name: (step.workdir_dir / name).resolve().stat().st_mode & 0o7777 for name in files}
-        empty = [Path(dirpath).relative_to(step.workdir_dir).as_posix()
-                 for dirpath, dirnames, filenames in os.walk(step.workdir_dir) if not dirnames and not filenames
-                 and Path(dirpath) != step.workdir_dir]
-        return files, modes, sorted(empty)
-
-
-def combine_rewards(strategy: str, step_rewards: list[float | None], contributes: list[bool]) -> float:
-    """The episode reward from per-step rewards.
-
-    ``contributes`` has one flag per step; ``step_rewards`` may be shorter (steps not reached), and
-    ``None`` marks a step without a result. Both count 0. "mean" averages the contributing steps,
-    "final" takes the last contributing step's reward; 0 when no step contributes.
-    """
-    if strategy not in REWARD_STRATEGIES:
-        raise ValueError(f"unknown reward strategy {strategy!r}; expected one of {', '.join(REWARD_STRATEGIES)}")
-    if len(step_rewards) > len(contributes):
-        raise ValueError(f"{len(step_rewards)} step rewards for {len(contributes)} steps")
-    padded = list(step_rewards) + [None] * (len(contributes) - len(step_rewards))
-    counted = [reward or 0.0 for reward, flag in zip(padded, contributes, strict=True) if flag]
-    if not counted:
-        return 0.0
-    return counted[-1] if strategy == "final" else sum(counted) / len(counted)
 
 
 def load_task(path: str | os.PathLike[str], *, quiet: bool = False) -> HarborTask:
@@ -355,7 +225,7 @@ def _read_toml(task_dir: Path) -> dict[str, Any]:
 def _read_text(path: Path, task_dir: Path) -> str:
     if not path.is_file():
         raise TaskFormatError(f"{path.parent}: {path.name} is missing")
-    _check_inside(path, task_dir.resolve())
+    check_inside(path, task_dir.resolve())
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -535,7 +405,7 @@ def _parse_step(task_dir: Path, reader: _Reader, index: int, table: dict[str, An
         raise TaskFormatError(f"{task_dir}: step {name!r} has no test.sh (in tests/ or steps/{name}/tests/)")
     setup = step_dir / "setup.sh"
     if setup.is_file():
-        _check_inside(setup, task_dir.resolve())
+        check_inside(setup, task_dir.resolve())
     step = _step(name, _read_text(step_dir / "instruction.md", task_dir), tests_dirs,
                  _solution_dir(step_dir), setup if setup.is_file() else None, overrides,
                  None if min_reward is None else float(min_reward),
@@ -562,14 +432,14 @@ def _step_workdir(task_dir: Path, step_dir: Path) -> Path | None:
     if not folder.is_dir():
         raise TaskFormatError(f"{folder}: must be a folder (its files are uploaded into the work directory)")
     boundary = task_dir.resolve()
-    _check_inside(folder, boundary)
+    check_inside(folder, boundary)
     for dirpath, dirnames, filenames in os.walk(folder):
         base = Path(dirpath)
         for name in dirnames:
             if (base / name).is_symlink():
                 raise TaskFormatError(f"{base / name}: symlinked folders are not supported in a task")
         for name in filenames:
-            if not _check_inside(base / name, boundary).is_file():
+            if not check_inside(base / name, boundary).is_file():
                 raise TaskFormatError(f"{base / name}: not a regular file")
     return folder
 
@@ -669,33 +539,3 @@ def _reward_weights(reader: _Reader, metadata: dict[str, Any]) -> dict[str, floa
 def _solution_dir(folder: Path) -> Path | None:
     solution = folder / "solution"
     return solution if (solution / "solve.sh").is_file() else None
-
-
-def _read_tree(root: Path, task_root: Path) -> dict[str, bytes]:
-    """Regular files under ``root`` by relative POSIX path; symlinks must stay inside the task folder."""
-    boundary = task_root.resolve()
-    _check_inside(root, boundary)
-    files: dict[str, bytes] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        base = Path(dirpath)
-        for name in dirnames:
-            if (base / name).is_symlink():
-                raise TaskFormatError(f"{base / name}: symlinked folders are not supported in a task")
-        for name in sorted(filenames):
-            files[(base / name).relative_to(root).as_posix()] = _read_regular(base / name, boundary)
-    return files
-
-
-def _read_regular(path: Path, boundary: Path) -> bytes:
-    target = _check_inside(path, boundary)
-    if not target.is_file():
-        raise TaskFormatError(f"{path}: not a regular file")
-    return target.read_bytes()
-
-
-def _check_inside(path: Path, boundary: Path) -> Path:
-    """``path`` with symlinks resolved; an error when a symlink leads out of the task folder."""
-    target = path.resolve()
-    if not target.is_relative_to(boundary):
-        raise TaskFormatError(f"{path}: symlink points outside the task folder ({target})")
-    return target

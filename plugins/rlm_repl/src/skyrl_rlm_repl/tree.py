@@ -21,8 +21,7 @@ import ast
 import asyncio
 import contextvars
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -41,6 +40,7 @@ from skyrl_rlm_repl.evidence.judge import EvidenceJudge
 from skyrl_rlm_repl.evidence.reward import SourceIndex, parse_snippets
 from skyrl_rlm_repl.subcalls import SubcallError, SubcallHandler, SubcallRequest, parse_request
 from skyrl_rlm_repl.tree_metrics import tree_metrics
+from skyrl_rlm_repl.tree_node import TreeNode
 
 
 class RLMTreeConfig(GeneratorConfig):
@@ -64,32 +64,6 @@ class RLMTreeConfig(GeneratorConfig):
         if value is not None and "id" not in value:
             raise ValueError("an engine section needs an 'id' (an engine id such as 'openai', see `skyrl engines`)")
         return value
-
-
-@dataclass(eq=False)
-class TreeNode:
-    """One episode of a rollout tree."""
-
-    trajectory: Trajectory
-    budget: RolloutBudget
-    root_id: str
-    frozen: bool = False
-    key: str = ""
-    """The node's place in the batch (``"<group id>/<sample>"``, ``"<parent key>/c<child index>"``): the
-    requests it sends are seeded from it (see :func:`~skyrl_core.generator.request_seed`)."""
-    context: Any = None
-    sub_calls: int = 0
-    children: list[TreeNode] = field(default_factory=list)
-
-    @property
-    def depth(self) -> int:
-        return self.trajectory.depth
-
-    def descendants(self) -> Iterator[TreeNode]:
-        """Children depth-first, each before its own children, in call order."""
-        for child in self.children:
-            yield child
-            yield from child.descendants()
 
 
 _NODE: contextvars.ContextVar[TreeNode | None] = contextvars.ContextVar("rlm_tree_node", default=None)

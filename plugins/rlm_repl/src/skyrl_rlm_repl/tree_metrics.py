@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from skyrl_rlm_repl.tree import TreeNode
+    from skyrl_rlm_repl.tree_node import TreeNode
 
 _SUMMED = ("sandbox_errors", "sandbox_timeouts")
 

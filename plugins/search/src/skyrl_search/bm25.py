@@ -32,7 +32,7 @@ from .corpus import (
     resolve_corpus,
 )
 from .data import cache_root
-from .retrieval import Passage
+from .retriever_types import Passage
 
 FORMAT = IndexFormat("skyrl-search-bm25", 1, "BM25",
                      "BM25Retriever.build_index(corpus, index_dir) or the bm25 option 'corpus'")

@@ -32,7 +32,7 @@ from .corpus import (
     resolve_corpus,
 )
 from .data import cache_root
-from .retrieval import Passage
+from .retriever_types import Passage
 
 FORMAT = IndexFormat("skyrl-search-dense", 1, "dense",
                      "DenseRetriever.build_index(corpus, index_dir, model) or the dense option 'corpus'")

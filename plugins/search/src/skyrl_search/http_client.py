@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from .retrieval import Passage, RetrievalError
+from .retriever_types import Passage, RetrievalError
 
 DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
 _EXCERPT_CHARS = 300

@@ -1,4 +1,5 @@
-"""The retriever protocol every backend implements, and the registry that names them.
+"""The registry that names retrievers (the protocol they implement and the passages they return are in
+:mod:`.retriever_types`, re-exported here).
 
 A retriever answers a batch of queries with ranked passages::
 
@@ -13,43 +14,18 @@ retriever.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
+
+from .retriever_types import Passage, RetrievalError, Retriever, RetrieverFactory
+
+__all__ = ["ENTRY_POINT_GROUP", "Passage", "RetrievalError", "Retriever", "RetrieverFactory", "make_retriever",
+           "register_retriever", "retriever_names"]
 
 ENTRY_POINT_GROUP = "skyrl_search.retrievers"
 
 
-@dataclass(frozen=True)
-class Passage:
-    """One retrieved passage (``contents`` in the wiki-18 layout is ``"Title"\\ntext``)."""
-
-    id: str
-    title: str
-    text: str
-    score: float = 0.0
-
-    @property
-    def contents(self) -> str:
-        return f'"{self.title}"\n{self.text}'
-
-    def as_document(self) -> dict[str, str]:
-        """The document as Search-R1's retrieval server returns it."""
-        return {"id": self.id, "contents": self.contents, "title": self.title, "text": self.text}
-
-
-@runtime_checkable
-class Retriever(Protocol):
-    def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
-        """The ``topk`` best passages for each query, best first (one list per query, in order)."""
-
-
-class RetrievalError(RuntimeError):
-    """Retrieval failed (server down, timeout, bad response); the message says what and where."""
-
-
-RetrieverFactory = Callable[[Mapping[str, Any]], Retriever]
 _factories: dict[str, RetrieverFactory] = {}
 
 
