@@ -167,7 +167,9 @@ async def test_a_sub_call_handler_that_raises_fails_the_step_as_it_does_locally(
 async def start_and_wait(gen, engine, tasks, held):
     """Start ``gen.generate(tasks)`` and return once ``held`` episodes wait on the engine with a live env."""
     task = asyncio.ensure_future(gen.generate(tasks))
+    deadline = time.monotonic() + 120
     while engine.held < held:
+        assert time.monotonic() < deadline and not task.done(), f"only {engine.held} of {held} episodes got there"
         await asyncio.sleep(0.05)
     return task
 
@@ -269,7 +271,9 @@ async def test_a_dead_workers_sandboxes_are_swept_from_its_node(tokenizer):
 
     try:  # the first turn runs a query, so the worker holds a live sandbox while the second waits on the engine
         running = asyncio.ensure_future(gen.generate(SQLEnv.load_dataset("train")[:1]))
+        deadline = time.monotonic() + 120
         while engine.held < 1:
+            assert time.monotonic() < deadline and not running.done(), "the episode never reached its second turn"
             await asyncio.sleep(0.05)
         worker = gen.env_pool.workers[0]
         folders = list(Path("/tmp").glob(f"skyrl-sandboxes-{worker.pid}-*"))

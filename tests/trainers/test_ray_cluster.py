@@ -73,7 +73,11 @@ def stop(root: Path) -> None:
 def cluster():
     # A short folder: Ray's unix socket paths live under it (at most 107 characters).
     root = Path(tempfile.mkdtemp(prefix="skyrl-ray-", dir="/tmp"))
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a test cluster on this machine only
+    # Ray's token authentication, as on a real cluster: every node and the driver use the one token of this
+    # machine (~/.ray/auth_token, made if missing). Turning it off here would break this process's own Ray
+    # sessions: a driver that ran a token-mode local Ray earlier cannot own actors on a no-auth cluster.
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, capture_output=True, timeout=60)
     port, ports = free_port(), {"a": free_port(), "b": free_port()}
     address = f"127.0.0.1:{port}"
     try:
@@ -83,7 +87,7 @@ def cluster():
         ray_start(env, f"--address={address}", f"--temp-dir={root}/b", f"--node-manager-port={ports['b']}",
                   '--resources={"bwrap": 4}')
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("RAY_AUTH_MODE", "disabled")
+            mp.setenv("RAY_AUTH_MODE", "token")
             ray.init(address=address, log_to_driver=False)
             nodes = {}
             deadline = time.monotonic() + 60
@@ -108,7 +112,7 @@ def skyrl_run(cluster: Cluster, out: Path, env_id: str, *overrides: str) -> list
                "trainer.export=false", "generator.n_samples_per_prompt=2", "generator.max_tokens_per_turn=16",
                "generator.env_placement=ray", "generator.envs_per_worker=1", f"run.ray_address={cluster.address}",
                f"run.output_dir={out}", "run.console=false", "env.max_turns=1", *overrides]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -137,7 +141,11 @@ def test_a_node_killed_mid_step_costs_retries_on_the_other_node_and_leaves_nothi
 
     async def play():
         running = asyncio.ensure_future(gen.generate(SQLEnv.load_dataset("train")[:2]))
+        deadline = time.monotonic() + 180
         while engine.held < 4:  # every episode ran a query (a live sandbox) and waits for its second turn
+            assert time.monotonic() < deadline and not running.done(), (
+                f"{engine.held} of 4 episodes reached their second turn: "
+                f"{running.result().trajectories if running.done() else 'still running'}")
             await asyncio.sleep(0.05)
         on_b = [w for w in gen.env_pool.workers if w.node_id == cluster.nodes["b"]]
         assert len(on_b) == 2, "two of the four one-env workers run on node B"
