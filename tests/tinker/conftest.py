@@ -36,8 +36,9 @@ def new_server() -> type[LocalServer]:
     return LocalServer
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True, scope="module")
 def _quiet_client(tmp_path_factory):
+    # per module, so HOME is back before other packages' tests run (Ray, for one, keeps its token in ~/.ray)
     mp = pytest.MonkeyPatch()
     mp.setenv("TINKER_TELEMETRY", "0")
     mp.setenv("TINKER_API_KEY", "tml-skyrl-test")
