@@ -37,19 +37,6 @@ def _load_gen_reference() -> types.ModuleType:
 gen = _load_gen_reference()
 
 
-@pytest.fixture(scope="module")
-def installed_plugins():
-    """The installed plugins (entry points), as the site build sees them, whatever another test swapped in."""
-    from skyrl_core.plugins import new_plugin_manager, set_plugin_manager
-
-    pm = new_plugin_manager()
-    previous = set_plugin_manager(pm)
-    try:
-        yield pm
-    finally:
-        set_plugin_manager(previous)
-
-
 def _problems(problems: list[str]) -> str:
     return f"{len(problems)} undocumented:\n" + "\n".join(problems)
 
@@ -95,7 +82,7 @@ def test_every_hookspec_has_a_docstring_in_the_hook_reference():
         assert gen.docstring_markdown(fn.__doc__.strip().splitlines()[0]) in page
 
 
-def test_every_cli_command_has_help_text(installed_plugins):
+def test_every_cli_command_has_help_text(skyrl_plugin_manager):
     from skyrl_core.cli import build_app
 
     app = build_app()
@@ -108,8 +95,8 @@ def test_every_cli_command_has_help_text(installed_plugins):
         assert f"Usage: {path} " in page, path
 
 
-def test_every_config_field_of_every_registered_component_has_a_description(installed_plugins):
-    models = gen.config_models(installed_plugins.registry)
+def test_every_config_field_of_every_registered_component_has_a_description(skyrl_plugin_manager):
+    models = gen.config_models(skyrl_plugin_manager.registry)
     assert {"env reverse_text", "generator default", "engine openai", "run"} <= set(models)
     problems = gen.undocumented_fields(models)
     assert problems == [], _problems(problems)
