@@ -81,7 +81,10 @@ class RayEnvPool:
         self.workers_lost = 0
         self.started = 0
         self._waiters: list[asyncio.Future[None]] = []
-        self._sweeps: list[threading.Thread] = []
+        # one sweeper thread at a time: a node that dies loses all its workers at once, and one more pass after
+        # the latest loss covers them all (``_sweep_wanted`` asks the running thread for that pass)
+        self._sweeper: threading.Thread | None = None
+        self._sweep_wanted = False
         # node -> until when no worker is placed there: a node whose worker was just lost may be dying
         # while Ray still lists it as alive (its health checks take a while to fail)
         self._suspect: dict[str, float] = {}
@@ -222,13 +225,16 @@ class RayEnvPool:
         except Exception:  # noqa: BLE001 - already gone
             pass
         self._wake()
-        sweep = threading.Thread(target=self._sweep_quietly, name="skyrl-env-sweep", daemon=True)
-        sweep.start()
-        self._sweeps.append(sweep)
+        self._sweep_wanted = True
+        if self._sweeper is None or not self._sweeper.is_alive():
+            self._sweeper = threading.Thread(target=self._sweep_quietly, name="skyrl-env-sweep", daemon=True)
+            self._sweeper.start()
 
     def _sweep_quietly(self) -> None:
         try:
-            self.sweep_nodes()
+            while self._sweep_wanted:
+                self._sweep_wanted = False
+                self.sweep_nodes()
         except BaseException as exc:  # noqa: BLE001 - Ray shut down under the thread (it raises SystemExit)
             log.info("orphan sweep stopped: %s", exc)
 
@@ -265,8 +271,8 @@ class RayEnvPool:
             except Exception:  # noqa: BLE001
                 pass
         self.workers.clear()
-        for sweep in self._sweeps:
-            sweep.join(timeout=130)
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=130)
         if self.workers_lost and self.ray.is_initialized():
             self.sweep_nodes()
 
