@@ -74,8 +74,11 @@ def cluster():
     # A short folder: Ray's unix socket paths live under it (at most 107 characters).
     root = Path(tempfile.mkdtemp(prefix="skyrl-ray-", dir="/tmp"))
     # Ray's token authentication, as on a real cluster: every node and the driver use the one token of this
-    # machine (~/.ray/auth_token, made if missing). Turning it off here would break this process's own Ray
-    # sessions: a driver that ran a token-mode local Ray earlier cannot own actors on a no-auth cluster.
+    # machine (~/.ray/auth_token, made if missing). The nodes are told RAY_AUTH_MODE=token. This process reads
+    # that variable only when Ray is imported, and a ray.init given an address never turns token mode on (a user
+    # sets RAY_AUTH_MODE=token before starting the driver); a local ray.init does, so one runs first when the
+    # variable is unset. Turning authentication off instead would break this process's own Ray sessions: a
+    # driver that ran a token-mode local Ray cannot own actors on a no-auth cluster.
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, capture_output=True, timeout=60)
     port, ports = free_port(), {"a": free_port(), "b": free_port()}
@@ -86,20 +89,21 @@ def cluster():
                   '--resources={"docker": 4, "bwrap": 4}')
         ray_start(env, f"--address={address}", f"--temp-dir={root}/b", f"--node-manager-port={ports['b']}",
                   '--resources={"bwrap": 4}')
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("RAY_AUTH_MODE", "token")
-            ray.init(address=address, log_to_driver=False)
-            nodes = {}
-            deadline = time.monotonic() + 60
-            while len(nodes) < 3 and time.monotonic() < deadline:
-                for node in ray.nodes():
-                    if node["Alive"]:
-                        have = node["Resources"]
-                        name = "a" if "docker" in have else "b" if "bwrap" in have else "head"
-                        nodes[name] = node["NodeID"]
-                time.sleep(0.2)
-            assert set(nodes) == {"head", "a", "b"}, f"the cluster did not come up: {ray.nodes()}"
-            yield Cluster(address, root, nodes, ports)
+        if not os.environ.get("RAY_AUTH_MODE"):  # a local ray.init turns this process's token mode on
+            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+            ray.shutdown()
+        ray.init(address=address, log_to_driver=False)
+        nodes = {}
+        deadline = time.monotonic() + 60
+        while len(nodes) < 3 and time.monotonic() < deadline:
+            for node in ray.nodes():
+                if node["Alive"]:
+                    have = node["Resources"]
+                    name = "a" if "docker" in have else "b" if "bwrap" in have else "head"
+                    nodes[name] = node["NodeID"]
+            time.sleep(0.2)
+        assert set(nodes) == {"head", "a", "b"}, f"the cluster did not come up: {ray.nodes()}"
+        yield Cluster(address, root, nodes, ports)
     finally:
         ray.shutdown()
         stop(root)
