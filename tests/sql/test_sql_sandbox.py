@@ -320,3 +320,21 @@ def test_a_database_that_cannot_be_opened_is_an_infrastructure_error_and_the_wor
         assert pid in runner.worker_pids()
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_worker_killed_between_queries_is_replaced_without_a_crash_for_the_next_query(backend):
+    """The killed worker's main thread is a zombie before its other threads have exited: it cannot be
+    reaped yet and its channel is still open, so a query sent to it would seem to have crashed it."""
+    db = str(started_env("sqlite").database())
+    runner = QueryRunner(SandboxSettings(backend, workers=1))
+    try:
+        for number in range(1, 9):
+            assert runner.run(QueryRequest("sqlite", db, f"SELECT {number}", 5.0, 10, 1000)).rows == [(number,)]
+            (pid,) = runner.worker_pids()
+            os.kill(pid, signal.SIGKILL)
+            while _state(pid) != "Z":
+                time.sleep(0.001)
+        assert runner.run(QueryRequest("sqlite", db, "SELECT 9", 5.0, 10, 1000)).rows == [(9,)]
+    finally:
+        runner.close()

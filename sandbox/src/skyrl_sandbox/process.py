@@ -46,6 +46,21 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.popen.pid
 
+    def running(self) -> bool:
+        """Whether the worker still runs: not exited, and not dying.
+
+        A killed multi-threaded process shows its main thread as a zombie while the other threads
+        exit, and cannot be reaped (``poll``) until the last one has; its channel stays open until then.
+        """
+        if self.popen.poll() is not None:
+            return False
+        try:
+            with open(f"/proc/{self.popen.pid}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in (b"Z", b"X")
+
     async def attach(self) -> int:
         """Connect the pipes to the running loop, wait for ``ready``; returns the worker's own view of its pid."""
         loop = asyncio.get_running_loop()

@@ -58,6 +58,7 @@ TMP_SIZE_MB = 1  # the worker writes no file; /tmp only has to exist
 _STATUSES = ("ok", "error", "refused", "timeout", "crashed")
 _REAL_PATHS_CACHED = 4096
 _MAX_MESSAGE_CHARS = 10_000
+_DELIVERY_ATTEMPTS = 3
 
 __all__ = ["GRACE_S", "USABLE_BACKENDS", "QueryRunner", "SandboxError", "SandboxSettings", "get_runner",
            "message_cap_mb"]
@@ -139,7 +140,7 @@ class _Worker:
         return self.process.pid
 
     def alive(self) -> bool:
-        return self.process.popen.poll() is None
+        return self.process.running()
 
     def send(self, message: dict[str, Any], deadline: float) -> None:
         data = memoryview(protocol.encode(message))
@@ -267,6 +268,14 @@ class QueryRunner:
         if not self._covered.get(folder):
             self.add_root(folder)
         with self._slots:
+            result = self._deliver(request, db_path)
+        if isinstance(result, SandboxError):
+            raise result
+        return result
+
+    def _deliver(self, request: QueryRequest, db_path: str) -> QueryResult | SandboxError:
+        """The query's outcome on a worker; a worker found dead when the query is sent is not its doing."""
+        for _ in range(_DELIVERY_ATTEMPTS):
             try:
                 worker = self._take(request.timeout_s + GRACE_S, time.monotonic() + request.timeout_s + GRACE_S)
             except TimeoutError:
@@ -275,16 +284,11 @@ class QueryRunner:
             try:
                 result, keep = self._query(worker, request, db_path)
             finally:
-                with self._lock:
-                    self._busy.discard(worker)
-                    if keep and not self._closed:
-                        self._idle.append(worker)
-                        worker = None
-                if worker is not None:
-                    worker.stop()
-        if isinstance(result, SandboxError):
-            raise result
-        return result
+                self._release(worker, keep)
+            if result is not None:
+                return result
+        raise SandboxError(f"{_DELIVERY_ATTEMPTS} SQL sandbox workers ({self.backend}) in a row died before they "
+                           "could read a query")
 
     def close(self) -> None:
         """Kill the idle workers and stop starting new ones; busy workers are killed when their query ends."""
@@ -296,6 +300,15 @@ class QueryRunner:
             pool.close()
         for worker in idle:
             worker.stop()
+
+    def _release(self, worker: _Worker, keep: bool) -> None:
+        """Put a worker back among the idle ones, or stop it."""
+        with self._lock:
+            self._busy.discard(worker)
+            if keep and not self._closed:
+                self._idle.append(worker)
+                return
+        worker.stop()
 
     def _take(self, needed_s: float, deadline: float) -> _Worker:
         """A started worker of the current program with CPU time left for ``needed_s``, else a new one
@@ -376,15 +389,22 @@ class QueryRunner:
         report_missing_protections("SQL", worker.process, reply, seccomp)
 
     def _query(self, worker: _Worker, request: QueryRequest,
-               db_path: str) -> tuple[QueryResult | SandboxError, bool]:
+               db_path: str) -> tuple[QueryResult | SandboxError | None, bool]:
         """The query's result (or the infrastructure error the worker reported), and whether the worker
-        may serve another query."""
+        may serve another query; None when the worker was gone before it could read the query.
+
+        A worker killed between queries can still look alive: a dying process's threads exit one by
+        one and it is reaped only after the last, while its channel may already be closed.
+        """
         worker.last_id += 1
         started = time.monotonic()
         deadline = started + request.timeout_s + GRACE_S
         try:
-            worker.send({"op": "query", "id": worker.last_id, "request": {**request.to_json(), "db_path": db_path}},
-                        deadline)
+            try:
+                worker.send({"op": "query", "id": worker.last_id,
+                             "request": {**request.to_json(), "db_path": db_path}}, deadline)
+            except WorkerGone:
+                return None, False
             return _read_result(worker.receive(deadline, _result_structure(request)), worker.last_id, request), True
         except TimeoutError:
             return _timed_out(request), False
