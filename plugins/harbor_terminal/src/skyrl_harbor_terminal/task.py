@@ -17,6 +17,9 @@ differs from Harbor's:
   nothing beyond the terminal base image's packages, so a backend without Docker may run it;
   ``tests_run_agent_code = true`` declares that the tests execute code the agent wrote (as the
   agent user), which only a backend with separate users (Docker) can keep away from the reward.
+- ``[metadata.skyrl] test_helpers = ["tree_check.py"]`` (our extension) names test helpers of this
+  package (``test_helpers/``) to put in ``/tests`` beside the task's own test files, which win over
+  them: one copy of a checker serves every task that asks for it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .task_model import (  # the model lives in .task_model; these names stay im
     HEALTHCHECK_START_PERIOD_SEC,
     HEALTHCHECK_TIMEOUT_SEC,
     REWARD_STRATEGIES,
+    TEST_HELPERS_DIR,
     Artifact,
     Author,
     EnvironmentSpec,
@@ -72,7 +76,7 @@ _ENVIRONMENT_KEYS = {"build_timeout_sec", "docker_image", "cpus", "memory", "mem
                      "storage_mb", "allow_internet", "gpus", "gpu_types", "workdir", "os", "env", "healthcheck",
                      "mcp_servers", "artifacts"}
 _STEP_KEYS = {"name", "min_reward", "contributes_to_reward", "agent", "verifier", "healthcheck", "artifacts"}
-_SKYRL_KEYS = {"base_packages_only", "tests_run_agent_code", "reward_weights"}
+_SKYRL_KEYS = {"base_packages_only", "tests_run_agent_code", "reward_weights", "test_helpers"}
 _HEALTHCHECK_KEYS = {"command", "interval_sec", "timeout_sec", "retries", "start_period_sec"}
 _ARTIFACT_KEYS = {"source", "destination"}
 
@@ -118,6 +122,7 @@ def load_task(path: str | os.PathLike[str], *, quiet: bool = False) -> HarborTas
         artifacts=_artifacts(reader, data, "top level") + _artifacts(reader, _table_or_empty(data, "environment"),
                                                                      "[environment]"),
         reward_weights=_reward_weights(reader, metadata),
+        test_helpers=_test_helpers(reader, metadata),
     )
     task = HarborTask(**fields, warnings=tuple(reader.warnings))  # last: every check above may warn
     findings = [f"{task_dir}/{finding}" for finding in lint_task(task)]  # tests a policy can game (see .lint)
@@ -534,6 +539,21 @@ def _reward_weights(reader: _Reader, metadata: dict[str, Any]) -> dict[str, floa
     if problem:
         raise reader.error("[metadata.skyrl]", f"reward_weights {problem}")
     return {key: float(value) for key, value in weights.items()}
+
+
+def _test_helpers(reader: _Reader, metadata: dict[str, Any]) -> tuple[str, ...]:
+    """``[metadata.skyrl] test_helpers``: names of files in :data:`TEST_HELPERS_DIR`, each once."""
+    skyrl = reader.table(metadata, "skyrl", "[metadata.skyrl]")
+    names = reader.str_list(skyrl, "test_helpers", "[metadata.skyrl]")
+    available = sorted(path.name for path in TEST_HELPERS_DIR.iterdir()
+                       if path.is_file() and not path.is_symlink() and not path.name.startswith("."))
+    for name in names:
+        if name not in available:
+            raise reader.error("[metadata.skyrl]", f"test_helpers names {name!r}, which is not a test helper of "
+                                                   f"skyrl-harbor-terminal (there are: {', '.join(available)})")
+    if len(set(names)) != len(names):
+        raise reader.error("[metadata.skyrl]", f"test_helpers names a helper twice: {names}")
+    return tuple(names)
 
 
 def _solution_dir(folder: Path) -> Path | None:

@@ -22,6 +22,9 @@ HEALTHCHECK_INTERVAL_SEC = 5.0
 HEALTHCHECK_TIMEOUT_SEC = 30.0
 HEALTHCHECK_RETRIES = 3
 HEALTHCHECK_START_PERIOD_SEC = 0.0
+# Test helpers a task may ask for by name ([metadata.skyrl] test_helpers): one copy in this package, put in /tests
+# beside each such task's own test files (see HarborTask.test_files).
+TEST_HELPERS_DIR = Path(__file__).resolve().parent / "test_helpers"
 
 
 @dataclass(frozen=True)
@@ -114,10 +117,14 @@ class HarborTask:
     keywords: tuple[str, ...] = ()
     artifacts: tuple[Artifact, ...] = ()  # task-level: collected after the agent's work on the last step reached
     reward_weights: dict[str, float] | None = None  # [metadata.skyrl] reward_weights (see .rewards)
+    test_helpers: tuple[str, ...] = ()  # [metadata.skyrl] test_helpers: file names in TEST_HELPERS_DIR
 
     def test_files(self, step: Step) -> dict[str, bytes]:
-        """The contents of ``/tests`` for ``step``: relative POSIX path -> bytes, layers merged."""
-        files: dict[str, bytes] = {}
+        """The contents of ``/tests`` for ``step``: relative POSIX path -> bytes, layers merged.
+
+        The task's test helpers come first, so a task folder that carries its own copy of one uses its own.
+        """
+        files = {name: (TEST_HELPERS_DIR / name).read_bytes() for name in self.test_helpers}
         for folder in step.tests_dirs:
             files.update(read_tree(folder, self.path))
         return files

@@ -1,12 +1,9 @@
 #!/bin/bash
 # Verifier (runs as root after the agent). check.py only reads the agent's files (the archive is
-# parsed in memory, never extracted), with expected names and contents hard-coded in it.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
+# parsed in memory, never extracted), with expected names and contents hard-coded in it; then
+# tree_check.py, a test helper shared by the built-in tasks ([metadata.skyrl] test_helpers), checks
+# that /app/logs holds only what expected_tree.json says.
+echo 0 > /logs/verifier/reward.txt
 cd / || exit 0
-if timeout 20 python3 -I /tests/check.py; then
-    echo PASS
-    echo 1 > "$REWARD"
-else
-    echo FAIL
-fi
+timeout 20 python3 -I /tests/check.py || exit 0
+timeout 20 python3 -I /tests/tree_check.py /tests/expected_tree.json && echo 1 > /logs/verifier/reward.txt
