@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,10 +14,25 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "tinker" / "examples"
 
 
 def _load(name: str):
+    """The example as a module; its folder is on ``sys.path`` while it loads, as when it runs as a script (the
+    examples import their shared ``_common.py`` as a sibling)."""
     spec = importlib.util.spec_from_file_location(f"tinker_example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(EXAMPLES))
     return module
+
+
+@pytest.mark.parametrize("name", ["sl_loop", "rl_loop"])
+def test_examples_run_as_scripts_find_their_shared_module(name, tmp_path):
+    """``python tinker/examples/<name>.py``, as the README runs them, from any folder."""
+    result = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--base-url" in result.stdout and "--base-model" in result.stdout and "--steps" in result.stdout
 
 
 def test_sl_example_learns(service_client, capsys):

@@ -16,10 +16,10 @@ logprobs as the reference) plus one ``optim_step`` follows.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import tinker
+from _common import chat_tokens, example_parser, service_client
 from tinker import types
 
 PROMPTS = ["Say something:", "Write a word.", "Go on", "Tell me", "Reply:", "Next", "Hello", "Start here"]
@@ -62,8 +62,7 @@ def train(service: tinker.ServiceClient, base_model: str, steps: int, group: int
     client = service.create_lora_training_client(base_model=base_model, rank=8, seed=seed).result()
     tokenizer = client.get_tokenizer()
     task = EnvTask(tokenizer, env) if env else LetterTask(tokenizer)
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
-                                add_special_tokens=False) for m in task.messages]
+    prompts = [chat_tokens(tokenizer, m) for m in task.messages]
     params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
     history = []
     for step in range(steps):
@@ -95,31 +94,17 @@ def train(service: tinker.ServiceClient, base_model: str, steps: int, group: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", help="a running skyrl-tinker server; default: start one in this process")
-    parser.add_argument("--base-model", default="tiny-random")
+    parser = example_parser(__doc__)
     parser.add_argument("--env", help="an installed skyrl env id (e.g. reverse_text); default: the letter task")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-2)
     args = parser.parse_args()
-    server = None
-    if args.base_url is None:
-        from skyrl_tinker.app import ServerConfig
-        from skyrl_tinker.local import LocalServer
-
-        server = LocalServer(ServerConfig(base_model=args.base_model))
-        args.base_url = server.url
-    service = tinker.ServiceClient(base_url=args.base_url, api_key="tml-local")
-    try:
+    with service_client(args.base_url, args.base_model) as service:
         history = train(service, args.base_model, args.steps, args.group, args.max_tokens, args.lr, env=args.env)
-        first, last = statistics.fmean(history[:5]), statistics.fmean(history[-5:])
-        print(f"reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
-    finally:
-        service.close("success")
-        if server is not None:
-            server.stop()
+    first, last = statistics.fmean(history[:5]), statistics.fmean(history[-5:])
+    print(f"reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
 
 
 if __name__ == "__main__":

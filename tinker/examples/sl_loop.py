@@ -11,9 +11,8 @@ sampling from the saved weights reproduces the answers.
 
 from __future__ import annotations
 
-import argparse
-
 import tinker
+from _common import chat_tokens, example_parser, service_client
 from tinker import types
 
 EXAMPLES = [("What is the capital of France?", "Paris."), ("Reverse 'abc'.", "cba"),
@@ -21,9 +20,7 @@ EXAMPLES = [("What is the capital of France?", "Paris."), ("Reverse 'abc'.", "cb
 
 
 def render(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return chat_tokens(tokenizer, [{"role": "user", "content": question}])
 
 
 def datum(tokenizer, question: str, answer: str) -> types.Datum:
@@ -59,27 +56,13 @@ def train(service: tinker.ServiceClient, base_model: str, steps: int, lr: float)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", help="a running skyrl-tinker server; default: start one in this process")
-    parser.add_argument("--base-model", default="tiny-random")
+    parser = example_parser(__doc__)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--lr", type=float, default=1e-2)
     args = parser.parse_args()
-    server = None
-    if args.base_url is None:
-        from skyrl_tinker.app import ServerConfig
-        from skyrl_tinker.local import LocalServer
-
-        server = LocalServer(ServerConfig(base_model=args.base_model))
-        args.base_url = server.url
-    service = tinker.ServiceClient(base_url=args.base_url, api_key="tml-local")
-    try:
+    with service_client(args.base_url, args.base_model) as service:
         losses = train(service, args.base_model, args.steps, args.lr)
-        print(f"loss/token: {losses[0]:.3f} -> {losses[-1]:.3f}")
-    finally:
-        service.close("success")
-        if server is not None:
-            server.stop()
+    print(f"loss/token: {losses[0]:.3f} -> {losses[-1]:.3f}")
 
 
 if __name__ == "__main__":
