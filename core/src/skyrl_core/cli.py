@@ -65,8 +65,9 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def plugins_command(all: bool = typer.Option(False, "--all", help="Include core's built-in plugin.")) -> None:
-    """Print installed plugins as JSON: name, version, module, hooks, the error of any that failed and the
-    ids each shares with another plugin (clashes)."""
+    """Print installed plugins as JSON: name, version, module, hooks, the error of any that failed, the
+    ids each shares with another plugin (clashes) and the entry points other packages installed in its own
+    groups (extensions, e.g. skyrl-search's retrievers)."""
     records = get_plugin_manager().records(include_builtins=all)
     typer.echo(json.dumps([r.to_dict() for r in records], indent=2))
     for message in sorted({m for r in records for m in r.clashes}):

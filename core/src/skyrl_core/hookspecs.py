@@ -93,6 +93,21 @@ def register_commands(cli: typer.Typer) -> None:
     """
 
 
+# -- listing: called by ``skyrl plugins`` ------------------------------------------------------------
+
+
+@hookspec
+def entry_point_groups() -> list[str]:
+    """Name the entry-point groups through which other packages extend this plugin.
+
+    For a plugin with a registry of its own that third-party packages fill through entry points, such
+    as skyrl-search's retrievers (``["skyrl_search.retrievers"]``). ``skyrl plugins`` lists, under this
+    plugin's ``extensions``, every entry point installed in each group: ``{group: [{"name", "value",
+    "provider", "version"}, ...]}``, where ``provider`` is the distribution that declares it. Return the
+    names only: nothing is loaded. One that raises is logged and listed with no extensions.
+    """
+
+
 # -- cluster nodes: called on each machine that hosts env workers (generator.env_placement=ray) -----------
 
 

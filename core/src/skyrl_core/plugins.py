@@ -12,6 +12,7 @@ Isolation: a plugin that fails to import, to validate (an unknown hook name, a w
 whose ``register_*``/``register_commands`` hook raises is unregistered and recorded once in
 :attr:`PluginManager.failures`; the other plugins load as usual. Observer (``on_*``)
 implementations are guarded: one that raises is logged once per plugin and hook, then ignored.
+An ``entry_point_groups`` hook that raises is logged and its plugin listed with no extensions.
 """
 
 from __future__ import annotations
@@ -60,10 +61,22 @@ class PluginRecord:
     error: str | None = None
     # Messages for ids this plugin registers that another plugin registers too.
     clashes: list[str] = field(default_factory=list)
+    # Entry points installed in the plugin's own groups (its ``entry_point_groups`` hook), by group.
+    extensions: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "module": self.module,
-                "hooks": self.hooks, "error": self.error, "clashes": self.clashes}
+                "hooks": self.hooks, "error": self.error, "clashes": self.clashes, "extensions": self.extensions}
+
+
+class _Observers:
+    """One plugin's observer implementations, guarded, as attributes: registered next to it (see
+    :meth:`PluginManager.register`)."""
+
+
+def _is_observer(opts: Any, attr: str) -> bool:
+    """Whether a hook implementation is a guarded observer: an ``on_*`` hook, not a hook wrapper."""
+    return (opts.get("specname") or attr).startswith("on_") and not (opts.get("hookwrapper") or opts.get("wrapper"))
 
 
 class PluginManager(pluggy.PluginManager):
@@ -75,20 +88,55 @@ class PluginManager(pluggy.PluginManager):
         self.providers: dict[int, Provider] = {}
         self.failures: list[PluginRecord] = []
         self._registry: Registry | None = None
+        self._observers: dict[str, _Observers] = {}  # plugin name -> its guarded observers (see register)
         if os.environ.get("SKYRL_TRACE_HOOKS"):
             self.trace.root.setwriter(sys.stderr.write)
             self.enable_tracing()
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        """pluggy's ``register``, with the plugin's observer (``on_*``) implementations guarded."""
+        """pluggy's ``register``, with the plugin's observer (``on_*``) implementations guarded.
+
+        Why a companion: an observer that raises is logged once and ignored, but pluggy has no
+        per-implementation guard (a hook wrapper wraps all of a hook's implementations, so one raise would
+        skip the rest) and rewriting its ``HookImpl.function`` would touch its internals. So
+        :meth:`parse_hookimpl_opts` (pluggy's documented override point) leaves the plugin's observers out
+        and guarded copies are registered on a companion object, ``NAME:observers``, right after it: pluggy
+        never sees the raw functions. :meth:`records` shows the companion's hooks as the plugin's;
+        :meth:`unregister` removes both.
+        """
         plugin_name = super().register(plugin, name=name)
-        for caller in self.get_hookcallers(plugin) or []:
-            if not caller.name.startswith("on_"):
-                continue
-            for impl in caller.get_hookimpls():
-                if impl.plugin is plugin and not (impl.hookwrapper or impl.wrapper):
-                    impl.function = self._guard(impl.function, plugin, caller.name)
+        if plugin_name is None:
+            return None
+        observers = _Observers()
+        for attr in dir(plugin):
+            opts = super().parse_hookimpl_opts(plugin, attr)
+            if opts is not None and _is_observer(opts, attr):
+                hook_name = opts.get("specname") or attr
+                setattr(observers, attr, self._guard(getattr(plugin, attr), plugin, hook_name))
+        if vars(observers):
+            try:
+                super().register(observers, name=f"{plugin_name}:observers")
+            except Exception:
+                super().unregister(plugin)  # e.g. an observer with a wrong signature: all or nothing
+                raise
+            self._observers[plugin_name] = observers
         return plugin_name
+
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+        """pluggy's, except that a plugin's observers are skipped: its companion holds them guarded."""
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is not None and not isinstance(plugin, _Observers) and _is_observer(opts, name):
+            return None
+        return opts
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        """pluggy's ``unregister``, which also unregisters the plugin's guarded observers."""
+        name = name or (self.get_name(plugin) if plugin is not None else None)
+        removed = super().unregister(plugin, name)
+        observers = self._observers.pop(name, None)  # type: ignore[arg-type] - super() asserted a name
+        if observers is not None:
+            super().unregister(observers)
+        return removed
 
     def _guard(self, function: Callable[..., Any], plugin: object, hook_name: str) -> Callable[..., Any]:
         """``function`` logging (once per plugin and hook) and swallowing what it raises."""
@@ -132,7 +180,7 @@ class PluginManager(pluggy.PluginManager):
         known = sorted(name for name, caller in vars(self.hook).items() if caller.has_spec())
         problems = []
         for attr in dir(plugin):
-            opts = self.parse_hookimpl_opts(plugin, attr)
+            opts = super().parse_hookimpl_opts(plugin, attr)  # observers included
             hook_name = opts and (opts.get("specname") or attr)
             if hook_name and hook_name not in known:
                 problems.append(f"unknown hook {hook_name!r}.{did_you_mean(hook_name, known)}")
@@ -224,20 +272,44 @@ class PluginManager(pluggy.PluginManager):
                                           getattr(plugin, "__name__", repr(plugin)), [], message))
 
     def records(self, include_builtins: bool = False) -> list[PluginRecord]:
-        """Loaded plugins (with the hooks each implements) followed by failed ones."""
+        """Loaded plugins (with the hooks each implements and their extensions) followed by failed ones."""
         registry = self.registry
+        extensions = self._extensions()
         out = []
         for plugin in self.get_plugins():
             provider = self.provider_of(plugin)
-            if provider.name == "skyrl-core" and not include_builtins:
+            if isinstance(plugin, _Observers) or (provider.name == "skyrl-core" and not include_builtins):
                 continue
-            hooks = sorted(h.name for h in self.get_hookcallers(plugin) or [])
+            observers = self._observers.get(self.get_name(plugin) or "")
+            hooks = sorted(h.name for p in (plugin, observers) if p is not None for h in self.get_hookcallers(p) or [])
             clashes = [registry.clash_message(kind, spec_id) for kind in KINDS
                        for spec_id, specs in registry.clashes[kind].items()
                        if any(spec.provider == provider for spec in specs)]
             out.append(PluginRecord(provider.name, provider.version,
-                                    getattr(plugin, "__name__", type(plugin).__name__), hooks, clashes=clashes))
+                                    getattr(plugin, "__name__", type(plugin).__name__), hooks, clashes=clashes,
+                                    extensions=extensions.get(id(plugin), {})))
         return sorted(out, key=lambda r: r.name) + self.failures
+
+    def _extensions(self) -> dict[int, dict[str, list[dict[str, str]]]]:
+        """Per plugin (by id), the entry points installed in each group its ``entry_point_groups`` names."""
+        found = {}
+        for impl in self.hook.entry_point_groups.get_hookimpls():
+            try:
+                groups = list(impl.function())
+            except Exception as exc:  # noqa: BLE001 - a listing never fails over one plugin
+                log.warning("plugin %s: its entry_point_groups hook raised %s: %s; no extensions listed",
+                            self.provider_of(impl.plugin).name, type(exc).__name__, exc)
+                continue
+            found[id(impl.plugin)] = {group: sorted((_entry_point_row(ep) for ep in md.entry_points(group=group)),
+                                                    key=lambda row: (row["name"], row["provider"]))
+                                      for group in groups}
+        return found
+
+
+def _entry_point_row(ep: md.EntryPoint) -> dict[str, str]:
+    dist = ep.dist
+    return {"name": ep.name, "value": ep.value, "provider": dist.name if dist else ep.module,
+            "version": dist.version if dist else "unknown"}
 
 
 def _allow_list() -> set[str] | None:

@@ -30,3 +30,10 @@ def register_probes(register: Callable[[Probe], None]) -> None:
 
     for probe in PROBES:
         register(probe)
+
+
+@hookimpl
+def entry_point_groups() -> list[str]:
+    from .retrieval import ENTRY_POINT_GROUP  # retrievers of other packages: listed by `skyrl plugins`
+
+    return [ENTRY_POINT_GROUP]
