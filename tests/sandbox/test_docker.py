@@ -24,6 +24,7 @@ from skyrl_sandbox import (
     SandboxError,
     WorkerGone,
     WorkerProgram,
+    demux,
     docker_client,
     docker_engine,
     images,
@@ -329,7 +330,7 @@ async def test_a_stderr_flood_costs_the_parent_a_bounded_tail(worker):
     reply = await asyncio.wait_for(ask(worker, "stderr_flood", blocks=800), 60)  # 50 MiB
     assert reply["flooded"] is True
     kept = sum(len(chunk) for chunk in worker._stderr)
-    assert kept <= 2 * docker_engine.STDERR_TAIL_BYTES
+    assert kept <= 2 * demux.STDERR_TAIL_BYTES
     assert worker.stderr_tail().endswith("eeee") and len(worker.stderr_tail()) <= 2000
     assert (await ask(worker, "echo", data="still framed"))["data"] == "still framed"
 

@@ -14,6 +14,7 @@ from skyrl_sandbox.testing import require_backend
 @pytest.fixture(scope="session", autouse=True)
 def sql_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cache = tmp_path_factory.mktemp("skyrl_sql_cache")
+    cache.chmod(0o755)  # docker workers run as a uid of their own and must read the databases
     previous = os.environ.get("SKYRL_SQL_CACHE")
     os.environ["SKYRL_SQL_CACHE"] = str(cache)
     yield cache

@@ -14,7 +14,9 @@ from skyrl_sql.env import SQLEnv
 HAS_DUCKDB = importlib.util.find_spec("duckdb") is not None
 ENGINES = ["sqlite", pytest.param("duckdb", marks=pytest.mark.skipif(not HAS_DUCKDB, reason="needs duckdb"))]
 # The sandbox backends the sql env runs on; use with parametrize(..., indirect=True) (conftest's `backend`).
-BACKENDS = ["bwrap", "subprocess"]
+BACKENDS = ["bwrap", "docker", "subprocess"]
+# Backends whose worker processes are this process's descendants (tests that find them in the process tree).
+PROCESS_BACKENDS = ["bwrap", "subprocess"]
 THINK = "<think>Let me look.</think>\n"
 
 

@@ -14,7 +14,7 @@ import pytest
 from skyrl_sandbox.pool import SPAWNER
 from skyrl_sql.sandbox import START_TIMEOUT_S, QueryRunner, SandboxError, SandboxSettings
 from skyrl_sql.worker.result import QueryRequest
-from sql_helpers import BACKENDS, ENGINES, HAS_DUCKDB, descendants, folder_digest, query, started_env
+from sql_helpers import BACKENDS, ENGINES, HAS_DUCKDB, PROCESS_BACKENDS, descendants, folder_digest, query, started_env
 
 FOREVER = {
     "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n",
@@ -160,7 +160,7 @@ def _freeze_processes_started_since(known: set[int]) -> set[int]:
 
 
 @pytest.mark.timeout(START_TIMEOUT_S - 10)  # a query that waited for the spare to start would fail here
-@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("backend", PROCESS_BACKENDS, indirect=True)
 def test_a_frozen_spare_worker_never_holds_a_query_past_its_time_limit(backend):
     db = str(started_env("sqlite").database())
     SPAWNER.submit(int).result()  # no worker of an earlier test is still being started
@@ -304,6 +304,7 @@ def test_a_frozen_worker_cannot_block_the_trainer_on_a_full_pipe(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_a_database_that_cannot_be_opened_is_an_infrastructure_error_and_the_worker_stays(tmp_path, backend):
+    tmp_path.chmod(0o755)  # docker workers run as a uid of their own
     good = str(tmp_path / "good.sqlite")
     sqlite3.connect(good).close()
     bad = tmp_path / "bad.sqlite"  # in the same folder, so the worker sees both
@@ -333,7 +334,7 @@ def test_a_worker_killed_between_queries_is_replaced_without_a_crash_for_the_nex
             assert runner.run(QueryRequest("sqlite", db, f"SELECT {number}", 5.0, 10, 1000)).rows == [(number,)]
             (pid,) = runner.worker_pids()
             os.kill(pid, signal.SIGKILL)
-            while _state(pid) != "Z":
+            while Path(f"/proc/{pid}").exists() and _state(pid) != "Z":  # a container's init is reaped by its shim
                 time.sleep(0.001)
         assert runner.run(QueryRequest("sqlite", db, "SELECT 9", 5.0, 10, 1000)).rows == [(9,)]
     finally:

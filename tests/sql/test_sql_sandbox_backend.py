@@ -17,10 +17,11 @@ from sql_helpers import THINK, task
 
 
 @pytest.fixture
-def no_bwrap(monkeypatch):
-    """A machine where bubblewrap is not installed."""
+def no_strong_backend(monkeypatch):
+    """A machine where bubblewrap is not installed and no Docker Engine answers."""
     backends.bwrap_problem.cache_clear()
     monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     yield
     backends.bwrap_problem.cache_clear()
 
@@ -41,9 +42,7 @@ def test_process_is_a_deprecated_name_of_subprocess():
 
 
 def test_unsupported_backends_are_config_errors_that_name_the_choices():
-    with pytest.raises(ConfigError, match="env.sandbox.*bwrap or subprocess backend; docker is not supported"):
-        make_env("sql", task(), {"sandbox": "docker"})
-    with pytest.raises(ConfigError, match="env.sandbox.*'auto', 'bwrap' or 'subprocess'"):
+    with pytest.raises(ConfigError, match="env.sandbox.*'auto', 'bwrap', 'docker' or 'subprocess'"):
         make_env("sql", task(), {"sandbox": "firejail"})
 
 
@@ -53,13 +52,13 @@ def test_a_cpu_limit_shorter_than_the_query_limits_is_a_config_error():
     assert SQLEnvConfig(sandbox_cpu_time_s=40, reward_timeout_s=10).sandbox_cpu_time_s == 40
 
 
-def test_auto_without_bwrap_is_an_error_saying_what_to_do_never_a_fallback(no_bwrap):
+def test_auto_without_bwrap_or_docker_is_an_error_saying_what_to_do_never_a_fallback(no_strong_backend):
     with pytest.raises(BackendUnavailable) as caught:
         QueryRunner(SandboxSettings("auto", memory_mb=1001))
     message = str(caught.value)
     assert "bwrap is not installed" in message and "apt-get install bubblewrap" in message
-    assert "backend=subprocess" in message and "env.sandbox" in message
-    assert "docker" not in message  # not a backend the sql env can use
+    assert "docker: " in message and "/nonexistent/docker.sock" in message
+    assert "backend=subprocess" in message and "env.sandbox (auto, bwrap, docker or subprocess)" in message
     with pytest.raises(BackendUnavailable, match="'bwrap' is not usable here"):
         fresh_env(sandbox="bwrap").reset(seed=0)
     env = fresh_env(sandbox="subprocess")  # the weaker backend only when asked for by name
@@ -75,8 +74,8 @@ def test_skyrl_sandbox_requires_one_backend_for_the_run(monkeypatch):
     with pytest.raises(SandboxError, match="the config asks for sandbox backend 'bwrap' but SKYRL_SANDBOX=subprocess"):
         fresh_env(sandbox="bwrap", sandbox_workers=2).reset(seed=0)
     monkeypatch.setenv("SKYRL_SANDBOX", "docker")
-    with pytest.raises(SandboxError, match="'docker' cannot run this program; usable: bwrap, subprocess"):
-        fresh_env(sandbox_workers=3).reset(seed=0)
+    with pytest.raises(SandboxError, match="the config asks for sandbox backend 'subprocess' but SKYRL_SANDBOX=docker"):
+        fresh_env(sandbox="subprocess", sandbox_workers=3).reset(seed=0)
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "subprocess"], indirect=True)

@@ -9,13 +9,17 @@ Standard library only at import time (the ``docker`` SDK is an optional extra, l
 """
 
 from .backends import BACKENDS, REQUIRE_ENV, backend_problem, resolve_backend
+from .channel import BlockingChannel
 from .errors import BackendUnavailable, ProcessesSurvived, ProtocolViolation, SandboxError, WorkerGone
 from .launch import WorkerProgram
 from .limits import Limits
 from .machine import Machine, MachineSpec
 from .machine_factory import start_machine
 from .pool import WorkerPool
+from .startup import WorkerSetup, start_worker, start_worker_blocking
+from .worker import Worker
 
-__all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "Limits", "Machine", "MachineSpec", "ProcessesSurvived",
-           "ProtocolViolation", "SandboxError",
-           "WorkerGone", "WorkerPool", "WorkerProgram", "backend_problem", "resolve_backend", "start_machine"]
+__all__ = ["BACKENDS", "REQUIRE_ENV", "BackendUnavailable", "BlockingChannel", "Limits", "Machine", "MachineSpec",
+           "ProcessesSurvived", "ProtocolViolation", "SandboxError", "Worker", "WorkerGone", "WorkerPool",
+           "WorkerProgram", "WorkerSetup", "backend_problem", "resolve_backend", "start_machine", "start_worker",
+           "start_worker_blocking"]

@@ -18,11 +18,10 @@ from . import framing
 from .backends import BACKENDS
 from .dirs import process_dir
 from .errors import ProtocolViolation, SandboxError, WorkerGone
-from .gaps import report_missing_protections
 from .launch import RUNTIME_NAME, WorkerProgram
 from .limits import Limits
 from .pool import WorkerPool
-from .seccomp import build_filter
+from .startup import WorkerSetup, start_worker
 from .worker import Worker
 
 AGENT_PROGRAM = WorkerProgram(module=f"{RUNTIME_NAME}.agent", packages={})
@@ -67,32 +66,17 @@ class Box:
         every command's environment (never the parent's)."""
         limits = limits or Limits()
         pool = await asyncio.to_thread(WorkerPool.shared, AGENT_PROGRAM, limits, backend, pool_size, BACKENDS, image)
-        worker = await pool.acquire()
-        try:
-            await asyncio.wait_for(cls._initialise(worker, pool.backend, limits, env or {}), _START_TIMEOUT_S)
-        except BaseException:
-            await worker.wait()
-            raise
-        finally:
-            pool.refill()
-        return cls(worker, pool.backend, limits)
 
-    @staticmethod
-    async def _initialise(worker: Worker, backend: str, limits: Limits, env: dict[str, str]) -> None:
-        if backend == "subprocess" and os.geteuid() == 0:
-            # The agent becomes nobody: it must still reach its work directory.
-            for folder in (process_dir(), worker.host_dir):
-                os.chmod(folder, 0o711)
-        await worker.attach()
-        program = build_filter(allow_subprocesses=True)
-        worker.send({"op": "init", "limits": limits.rlimits(), "work_dir": worker.plan.inside_tmp, "env": env,
-                     "seccomp_filter": None if program is None else program.hex()})
-        reply = await worker.receive()
-        framing.expect(reply, "init_done")
-        error = framing.text_field(reply, "error", 4000)
-        if error:
-            raise SandboxError(f"the command agent failed to start: {error}")
-        report_missing_protections("command", worker, reply, program)
+        def prepare(worker: Worker) -> dict:
+            if worker.backend == "subprocess" and os.geteuid() == 0:
+                # The agent becomes nobody: it must still reach its work directory.
+                for folder in (process_dir(), worker.host_dir):
+                    os.chmod(folder, 0o711)
+            return {"work_dir": worker.plan.inside_tmp, "env": env or {}}
+
+        setup = WorkerSetup("command", limits, allow_subprocesses=True, pin_signals=False, prepare=prepare,
+                            failed="the command agent failed to start: ", timeout_s=_START_TIMEOUT_S)
+        return cls(await start_worker(pool, setup), pool.backend, limits)
 
     async def __aenter__(self) -> Box:
         return self

@@ -29,13 +29,14 @@ import logging
 import os
 import secrets
 import socket
-import struct
 import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from . import framing
+from .channel import BlockingChannel
+from .demux import StreamDemux
 from .dirs import make_host_dir, remove_tree
 from .docker_client import (  # the engine client lives in .docker_client; these names stay importable from here
     SKYRL_DOCKER_SOCKET,  # noqa: F401
@@ -59,8 +60,6 @@ MACHINE_LABEL = "skyrl.sandbox.machine"
 INIT_TASKS = 1  # docker-init, the container's PID 1, in the container's pids count
 CPU_LIMIT_NANOS = 10**9  # one CPU
 UID_RANGE = (1_000_000_000, 1_500_000_000)  # per-container uids, far above any host account
-STDERR_TAIL_BYTES = 64 * 1024
-_STDOUT, STREAM_HEADER = 1, struct.Struct(">BxxxI")
 _swept: set[int] = set()
 
 
@@ -290,6 +289,7 @@ class ContainerWorker:
         self._pids_file = _pids_file(init_pid, container_id)
         self._local = self._pids_file is not None or _in_container(init_pid, container_id)
         self._stderr: deque[bytes] = deque()
+        self._demux = StreamDemux(self._stderr)
         self._stream: _AttachStream | None = None
         self._reader: asyncio.StreamReader | None = None
         self._transport: asyncio.Transport | None = None
@@ -307,11 +307,40 @@ class ContainerWorker:
         """Connect the attach stream to the running loop, wait for ``ready``; returns the worker's own pid."""
         loop = asyncio.get_running_loop()
         self._reader = asyncio.StreamReader(limit=2**20)
-        self._stream = _AttachStream(self._reader, self._stderr)
+        self._stream = _AttachStream(self._reader, self._demux)
         self._transport, _ = await loop.create_connection(lambda: self._stream, sock=self._channel)
         ready = await self.receive()
         framing.expect(ready, "ready")
         return framing.int_field(ready, "pid")
+
+    def open_channel(self) -> BlockingChannel:
+        """The attach socket as a channel driven from one thread (instead of :meth:`attach`); ``ready`` is its
+        first frame."""
+        fd = self._channel.fileno()
+        return BlockingChannel(fd, fd, self.max_message_bytes, self._demux)
+
+    def running(self) -> bool:
+        """Whether the container still runs, as far as this machine sees (a dead one's channel ends either way)."""
+        if self._status is not None:
+            return False
+        if not self._local:
+            return True
+        try:
+            with open(f"/proc/{self._init_pid}/stat", "rb") as stat:
+                return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+        except (OSError, IndexError):
+            return False
+
+    def reap(self, grace_s: float = 0.0) -> int:
+        """:meth:`wait` for callers without an event loop (kill, reap, remove the container; files kept)."""
+        if self._status is None:
+            if grace_s:
+                try:
+                    self.api.wait(self.container_id, timeout=grace_s)
+                except Exception:  # noqa: BLE001 - still running after the grace (a read time-out), or gone
+                    pass
+            self._status = self._stop()
+        return self._status
 
     def send(self, message: dict[str, Any]) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -331,7 +360,7 @@ class ContainerWorker:
                 break
             await asyncio.sleep(0)
         # StreamReader has no public count of buffered bytes.
-        return self._stream.stdout_pending or bool(self._reader._buffer)  # type: ignore[attr-defined]
+        return self._demux.stdout_pending or bool(self._reader._buffer)  # type: ignore[attr-defined]
 
     def task_count(self) -> int:
         """Threads and processes in the container now (docker-init included), counted from outside."""
@@ -428,53 +457,21 @@ class ContainerWorker:
 
 
 class _AttachStream(asyncio.Protocol):
-    """Splits the engine's multiplexed stream (8-byte headers: stream, 0, 0, 0, size) into stdout and stderr.
+    """The attach stream on a loop: stdout feeds the channel's reader (which pauses the socket when it
+    holds too much), stderr becomes the bounded tail (see :class:`~skyrl_sandbox.demux.StreamDemux`)."""
 
-    Stdout feeds the channel's reader (which pauses the socket when it holds too much); stderr is
-    kept as a bounded tail, so a worker flooding it costs the parent no memory.
-    """
-
-    def __init__(self, reader: asyncio.StreamReader, stderr: deque[bytes]) -> None:
+    def __init__(self, reader: asyncio.StreamReader, demux: StreamDemux) -> None:
         self.reader = reader
-        self.stderr = stderr
+        self.demux = demux
         self.closed = asyncio.Event()
-        self._stderr_bytes = 0
-        self._header = bytearray()
-        self._stream = 0
-        self._remaining = 0
-
-    @property
-    def stdout_pending(self) -> bool:
-        """Whether part of a stdout frame has arrived and not been handed to the reader yet."""
-        return bool(self._header) or (self._stream == _STDOUT and self._remaining > 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.reader.set_transport(transport)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            if not self._remaining:
-                needed = STREAM_HEADER.size - len(self._header)
-                self._header += view[:needed]
-                view = view[needed:]
-                if len(self._header) < STREAM_HEADER.size:
-                    return
-                self._stream, self._remaining = STREAM_HEADER.unpack(self._header)
-                self._header.clear()
-                continue
-            chunk, view = view[:self._remaining], view[self._remaining:]
-            self._remaining -= len(chunk)
-            if self._stream == _STDOUT:
-                self.reader.feed_data(bytes(chunk))
-            else:
-                self._keep_stderr(bytes(chunk))
-
-    def _keep_stderr(self, chunk: bytes) -> None:
-        self.stderr.append(chunk[-STDERR_TAIL_BYTES:])
-        self._stderr_bytes += len(self.stderr[-1])
-        while self._stderr_bytes - len(self.stderr[0]) >= STDERR_TAIL_BYTES:
-            self._stderr_bytes -= len(self.stderr.popleft())
+        stdout = self.demux.feed(data)
+        if stdout:
+            self.reader.feed_data(stdout)
 
     def eof_received(self) -> bool:
         return False  # close the transport: the container's output has ended

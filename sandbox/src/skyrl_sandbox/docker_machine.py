@@ -24,8 +24,9 @@ from typing import Any
 
 from . import cgroups
 from .box import RunResult
+from .demux import STREAM_HEADER
 from .docker_client import shared_client
-from .docker_engine import STREAM_HEADER, owner_labels, remove_container, sweep_once
+from .docker_engine import owner_labels, remove_container, sweep_once
 from .docker_sidecars import Sidecars
 from .errors import BackendUnavailable, ProcessesSurvived, SandboxError
 from .machine import AGENT_UID, Machine, MachineSpec, base_env

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import framing
 from .cgroups import WorkerCgroup
+from .channel import BlockingChannel
 from .dirs import remove_tree
 from .errors import WorkerGone
 from .launch import LaunchPlan
@@ -60,6 +61,18 @@ class WorkerProcess:
         except (OSError, IndexError):
             return False
         return state not in (b"Z", b"X")
+
+    def open_channel(self) -> BlockingChannel:
+        """The pipes as a channel driven from one thread (instead of :meth:`attach`); ``ready`` is its first frame."""
+        return BlockingChannel(self.popen.stdout.fileno(), self.popen.stdin.fileno(), self.max_message_bytes)
+
+    def reap(self, grace_s: float = 0.0) -> int:
+        """:meth:`wait` for callers without an event loop; the files stay for :meth:`discard`."""
+        try:
+            return self.popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.popen.wait()
 
     async def attach(self) -> int:
         """Connect the pipes to the running loop, wait for ``ready``; returns the worker's own view of its pid."""

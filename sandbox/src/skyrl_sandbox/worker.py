@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .cgroups import WorkerCgroup
+from .channel import BlockingChannel
 from .launch import LaunchPlan
 
 
@@ -20,6 +21,15 @@ class Worker(Protocol):
 
     @property
     def pid(self) -> int: ...
+
+    def open_channel(self) -> BlockingChannel:
+        """The channel for one thread without an event loop (instead of :meth:`attach`); ``ready`` comes first."""
+
+    def running(self) -> bool:
+        """Whether the worker still runs (not exited, not dying)."""
+
+    def reap(self, grace_s: float = 0.0) -> int:
+        """Blocking :meth:`wait` that keeps the files for :meth:`discard`: the exit status."""
 
     async def attach(self) -> int:
         """Bind the channel to the running loop and wait for ``ready``; the worker's own pid."""

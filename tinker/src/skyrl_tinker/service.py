@@ -1,7 +1,7 @@
 """What each Tinker request does: ownership and validation, then work queued on the training worker or
 the sampler.
 
-HTTP-free (``app.py`` maps routes onto these methods): every method either returns a JSON-ready
+HTTP-free (``skyrl_tinker.routes`` maps routes onto these methods): every method either returns a JSON-ready
 dict, returns a :class:`~skyrl_tinker.futures.Future` for queued work, or raises
 :class:`RequestError` with an HTTP status and a message naming what was wrong.
 

@@ -31,12 +31,13 @@ class SQLEnvConfig(EnvConfig):
     reward_max_rows: int = Field(100_000, ge=1, description="Rows compared at most when scoring.")
     max_result_bytes: int = Field(16_000_000, ge=1_000, description="Result size cap of any query (bytes).")
     memory_limit_mb: int = Field(2048, ge=64, description="Address-space limit of each query process.")
-    sandbox: Literal["auto", "bwrap", "subprocess"] = Field(
+    sandbox: Literal["auto", "bwrap", "docker", "subprocess"] = Field(
         "auto", description="Isolation of the query processes (skyrl-sandbox backends). bwrap: bubblewrap namespaces "
         "(no network, read-only mounts of only the database folder, the Python standard library and the driver); "
-        "subprocess: a plain child process with rlimits, seccomp and no capabilities (weaker, opt-in only: it "
-        "shares the host's files and network); auto: bwrap, else an error saying what to install (never a "
-        "silent fallback). SKYRL_SANDBOX=bwrap|subprocess requires one backend for the whole run. "
+        "docker: the same view in a container of the base image (the database folders must be readable by "
+        "everyone: the container runs as a uid of its own); subprocess: a plain child process with rlimits, seccomp and no capabilities (weaker, opt-in only: it "
+        "shares the host's files and network); auto: bwrap, else docker, else an error saying what to install (never a "
+        "silent fallback). SKYRL_SANDBOX=bwrap|docker|subprocess requires one backend for the whole run. "
         "'process' is a deprecated name of subprocess.")
     sandbox_workers: int = Field(4, ge=1, description="Query processes shared by all envs of this process.")
     sandbox_cpu_time_s: int = Field(
@@ -55,9 +56,6 @@ class SQLEnvConfig(EnvConfig):
             warnings.warn("env.sandbox='process' is deprecated; use 'subprocess' (the same opt-in, weaker backend)",
                           FutureWarning, stacklevel=2)
             return "subprocess"
-        if value == "docker":
-            raise ValueError("the sql env runs its queries with the bwrap or subprocess backend; docker is not "
-                             "supported here (use 'auto', 'bwrap' or 'subprocess')")
         return value
 
     @model_validator(mode="after")

@@ -21,8 +21,6 @@ import importlib.metadata
 import logging
 import math
 import os
-import select
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -40,15 +38,16 @@ from skyrl_sandbox import (
     resolve_backend,
 )
 from skyrl_sandbox import framing as protocol
-from skyrl_sandbox.gaps import report_missing_protections
-from skyrl_sandbox.seccomp import build_filter
+from skyrl_sandbox.channel import BlockingChannel
+from skyrl_sandbox.startup import WorkerSetup, start_worker_blocking
+from skyrl_sandbox.worker import Worker
 
 from skyrl_sql.config import GRACE_S  # the worker stops its own queries; the grace is the backstop
 from skyrl_sql.worker.result import QueryRequest, QueryResult
 
 log = logging.getLogger(__name__)
 
-USABLE_BACKENDS = ("bwrap", "subprocess")  # docker: out of scope for SQL queries
+USABLE_BACKENDS = ("bwrap", "docker", "subprocess")
 WORKER_PACKAGE = Path(__file__).resolve().parent / "worker"
 WORKER_NAME = "skyrl_sql_worker"  # the package's name inside the sandbox
 START_TIMEOUT_S = 30.0
@@ -75,7 +74,7 @@ def message_cap_mb(max_result_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    """How the workers of one runner are started (``backend``: auto, bwrap or subprocess)."""
+    """How the workers of one runner are started (``backend``: auto, bwrap, docker or subprocess)."""
 
     backend: str = "auto"
     engine: str = "sqlite"
@@ -116,66 +115,20 @@ def distribution_paths(name: str) -> tuple[str, tuple[str, ...]]:
 
 
 class _Worker:
-    """One started worker process, driven synchronously over its pipes by one thread at a time.
+    """One started worker, driven synchronously over its :class:`~skyrl_sandbox.channel.BlockingChannel`
+    by one thread at a time: a query is a blocking call of an env step, and a thread hop per query
+    would cost more than the query."""
 
-    Frames are read and written here with deadlines (``poll``), not through an event loop: a query
-    is a blocking call of an env step, and a thread hop per query would cost more than the query.
-    """
-
-    def __init__(self, process: Any, generation: int) -> None:
+    def __init__(self, process: Worker, channel: BlockingChannel, generation: int) -> None:
         self.process = process
+        self.channel = channel
         self.generation = generation
         self.busy_s = 0.0
         self.last_id = 0
-        self._read_fd = process.popen.stdout.fileno()
-        self._write_fd = process.popen.stdin.fileno()
-        os.set_blocking(self._write_fd, False)  # a worker that stops reading cannot block the trainer
-        self._readable = select.poll()
-        self._readable.register(self._read_fd, select.POLLIN)
-        self._writable = select.poll()
-        self._writable.register(self._write_fd, select.POLLOUT)
 
     @property
     def pid(self) -> int:
         return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.running()
-
-    def send(self, message: dict[str, Any], deadline: float) -> None:
-        data = memoryview(protocol.encode(message))
-        while data:
-            try:
-                data = data[os.write(self._write_fd, data):]
-            except BlockingIOError:
-                _wait(self._writable, deadline)
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise WorkerGone("the worker closed its channel") from exc
-
-    def receive(self, deadline: float,
-                structure: tuple[int, int] = (protocol.MAX_CONTAINERS, protocol.MAX_ITEMS)) -> dict[str, Any]:
-        """The next message; ``structure``: the most objects and lists, and items, it may hold."""
-        (size,) = protocol.HEADER.unpack(self._read(protocol.HEADER.size, deadline))
-        if size > self.process.max_message_bytes:
-            raise ProtocolViolation(f"a message of {size:,} bytes exceeds the limit of "
-                                    f"{self.process.max_message_bytes:,} bytes")
-        return protocol.decode(self._read(size, deadline), *structure)
-
-    def has_unread_data(self) -> bool:
-        """Whether the worker wrote anything nobody asked for (frames are read exactly, so any byte is that)."""
-        return protocol.bytes_waiting(self._read_fd) > 0
-
-    def _read(self, size: int, deadline: float) -> bytearray:
-        """Exactly ``size`` bytes (already checked against the cap), read straight into one buffer."""
-        buffer = bytearray(size)
-        view, filled = memoryview(buffer), 0
-        while filled < size:
-            _wait(self._readable, deadline)
-            count = os.readv(self._read_fd, [view[filled:]])
-            if count == 0:
-                raise WorkerGone("the worker closed its channel")
-            filled += count
-        return buffer  # bytes-like: json.loads and the structure check take it as it is
 
     def stop(self) -> None:
         """Kill, reap and remove the worker's files."""
@@ -183,12 +136,7 @@ class _Worker:
 
     def stop_after_death(self) -> str:
         """Reap a worker whose channel closed (giving it a moment to finish dying) and say why it ended."""
-        try:
-            status = self.process.popen.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            status = None
-        reason = self.process.describe_exit(status)  # before discard() removes the cgroup that may tell
+        reason = self.process.describe_exit(self.process.reap(grace_s=1.0))  # before discard() removes the cgroup
         self.process.discard()
         return reason
 
@@ -205,9 +153,12 @@ class QueryRunner:
         try:
             self.backend = resolve_backend(settings.backend, USABLE_BACKENDS)
         except BackendUnavailable as exc:
-            raise BackendUnavailable(exc.backend, f"{exc} In the sql env the setting is env.sandbox (auto, bwrap or "
-                                                  "subprocess).") from None
+            raise BackendUnavailable(exc.backend, f"{exc} In the sql env the setting is env.sandbox (auto, bwrap, "
+                                                  "docker or subprocess).") from None
         self._limits = settings.limits()
+        self._setup = WorkerSetup("SQL", self._limits, prepare=lambda worker: {"engine": settings.engine,
+                                                                               "memory_mb": settings.memory_mb},
+                                  timeout_s=START_TIMEOUT_S)
         self._lock = threading.Lock()
         self._roots: tuple[str, ...] = ()
         self._covered: dict[str, bool] = {}  # folder -> inside a mounted root (a cache)
@@ -320,11 +271,11 @@ class QueryRunner:
                     self._busy.add(worker)
             if worker is None:
                 break
-            if worker.generation != self._generation or not worker.alive():
+            if worker.generation != self._generation or not worker.process.running():
                 pass
             elif worker.busy_s + needed_s > self._limits.cpu_time_s / 2:
                 pass  # replaced long before RLIMIT_CPU could stop one of its queries
-            elif worker.has_unread_data():
+            elif worker.channel.has_unread_data():
                 log.warning("an idle SQL sandbox worker (%s) sent unrequested data and was replaced", self.backend)
             else:
                 return worker
@@ -337,56 +288,19 @@ class QueryRunner:
         return worker
 
     def _start(self, deadline: float) -> _Worker:
-        """Start a worker and lock it down; one retry covers a pre-started worker that died meanwhile.
-
-        A pre-started spare gets only until the query's ``deadline`` to answer (a frozen one must not
-        hold the query longer: TimeoutError); a worker started for this query gets START_TIMEOUT_S.
-        """
-        problem = ""
-        for _ in range(2):
-            with self._lock:
-                pool, generation = self._pool, self._generation
-            if pool is None:
-                raise SandboxError("the query runner is closed")
-            spare = pool.take_idle()
-            try:
-                process = spare or pool.acquire_blocking()
-            except OSError as exc:
-                raise SandboxError(f"could not start an SQL sandbox worker ({self.backend}): {exc}") from exc
-            worker = _Worker(process, generation)
-            try:
-                self._initialise(worker, deadline if spare is not None else time.monotonic() + START_TIMEOUT_S)
-                return worker
-            except TimeoutError:
-                worker.stop()
-                if spare is not None:
-                    log.warning("a spare SQL sandbox worker (%s) did not answer within a query's time limit and "
-                                "was replaced", self.backend)
-                    raise
-                problem = f"did not start within {START_TIMEOUT_S:g} s; its stderr: {process.stderr_tail() or '(empty)'}"
-            except (WorkerGone, ProtocolViolation, OSError) as exc:
-                problem = (f"{worker.stop_after_death()} while starting ({exc}); "
-                           f"its stderr: {process.stderr_tail() or '(empty)'}")
-            except BaseException:
-                worker.stop()
-                raise
-            finally:
-                pool.refill()
-        raise SandboxError(f"the SQL sandbox worker ({self.backend}) {problem}")
-
-    def _initialise(self, worker: _Worker, deadline: float) -> None:
-        ready = worker.receive(deadline)
-        protocol.expect(ready, "ready")
-        seccomp = build_filter(allow_subprocesses=False, own_pid=protocol.int_field(ready, "pid"))
-        worker.send({"op": "init", "engine": self.settings.engine, "memory_mb": self.settings.memory_mb,
-                     "limits": self._limits.rlimits(), "seccomp_filter": None if seccomp is None else seccomp.hex()},
-                    deadline)
-        reply = worker.receive(deadline)
-        protocol.expect(reply, "init_done")
-        if reply.get("error") is not None:
-            raise SandboxError(f"the SQL sandbox worker ({self.backend}) failed to start: "
-                               f"{protocol.text_field(reply, 'error', _MAX_MESSAGE_CHARS)}")
-        report_missing_protections("SQL", worker.process, reply, seccomp)
+        """A worker started and locked down; a pre-started spare gets only until the query's ``deadline``
+        to answer (TimeoutError: a frozen one must not hold the query longer)."""
+        with self._lock:
+            pool, generation = self._pool, self._generation
+        if pool is None:
+            raise SandboxError("the query runner is closed")
+        try:
+            process, channel = start_worker_blocking(pool, self._setup, spare_deadline=deadline)
+        except TimeoutError:
+            log.warning("a spare SQL sandbox worker (%s) did not answer within a query's time limit and was replaced",
+                        self.backend)
+            raise
+        return _Worker(process, channel, generation)
 
     def _query(self, worker: _Worker, request: QueryRequest,
                db_path: str) -> tuple[QueryResult | SandboxError | None, bool]:
@@ -401,11 +315,11 @@ class QueryRunner:
         deadline = started + request.timeout_s + GRACE_S
         try:
             try:
-                worker.send({"op": "query", "id": worker.last_id,
-                             "request": {**request.to_json(), "db_path": db_path}}, deadline)
+                worker.channel.send({"op": "query", "id": worker.last_id,
+                                     "request": {**request.to_json(), "db_path": db_path}}, deadline)
             except WorkerGone:
                 return None, False
-            return _read_result(worker.receive(deadline, _result_structure(request)), worker.last_id, request), True
+            return _read_result(worker.channel.receive(deadline, _result_structure(request)), worker.last_id, request), True
         except TimeoutError:
             return _timed_out(request), False
         except WorkerGone:
@@ -434,16 +348,6 @@ def _result_structure(request: QueryRequest) -> tuple[int, int]:
     comma after the row); the generic limits stay as the allowance for the rest (columns, nested values).
     """
     return protocol.MAX_CONTAINERS + request.max_rows, protocol.MAX_ITEMS + request.max_bytes // 3
-
-
-def _wait(poller: select.poll, deadline: float) -> None:
-    """Wait until ``poller``'s descriptor is ready; TimeoutError at ``deadline``."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        if poller.poll(math.ceil(remaining * 1000)):
-            return
 
 
 def _read_result(message: dict[str, Any], request_id: int, request: QueryRequest) -> QueryResult | SandboxError:

@@ -15,8 +15,7 @@ from typing import Any
 from skyrl_sandbox import ProtocolViolation, SandboxError, WorkerGone, WorkerPool
 from skyrl_sandbox import framing as protocol
 from skyrl_sandbox.cgroups import cgroup_support
-from skyrl_sandbox.gaps import report_missing_protections
-from skyrl_sandbox.seccomp import build_filter
+from skyrl_sandbox.startup import WorkerSetup, start_worker
 from skyrl_sandbox.worker import Worker
 
 from .config import REPL_PROGRAM, SandboxConfig
@@ -131,58 +130,24 @@ class Sandbox:
     # --- internals ------------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        """Get a worker set up with context, scaffold and stubs; one retry covers a dead idle worker."""
+        """Get a worker set up with context, scaffold and stubs."""
         self._lost_state = True
-        for attempt in (1, 2):
-            try:
-                worker = await self._pool.acquire()
-            except OSError as exc:
-                raise SandboxError(f"could not start a sandbox worker ({self.backend}): {exc}") from exc
-            self._worker = worker
-            try:
-                await asyncio.wait_for(self._initialise(worker), self.config.start_timeout_s)
-                self._lost_state = False
-                return
-            except asyncio.TimeoutError:
-                stderr = worker.stderr_tail()
-                await self._abandon(worker)
-                problem = f"did not start within {self.config.start_timeout_s:g} s"
-            except (WorkerGone, ProtocolViolation, OSError) as exc:
-                status = await self._abandon(worker, grace_s=1.0, keep_files=True)
-                stderr = worker.stderr_tail()
-                worker.discard()
-                problem = f"{worker.describe_exit(status)} while starting ({exc})"
-            except BaseException:
-                await self._abandon(worker)
-                raise
-            finally:
-                self._pool.refill()
-            if attempt == 2:
-                raise SandboxError(f"the sandbox worker ({self.backend}) {problem}; "
-                                   f"its stderr: {stderr or '(empty)'}")
-
-    async def _initialise(self, worker: Worker) -> None:
-        own_pid = await worker.attach()
         config = self.config
-        program = build_filter(config.allow_subprocesses, own_pid=own_pid)
-        context_path = None if self._context_file is None else worker.write_inbox(*self._context_file)
-        worker.send({
-            "op": "init",
-            "limits": config.limits().rlimits(),
-            "seccomp_filter": None if program is None else program.hex(),
-            "context_path": context_path, "scaffold_code": self._scaffold_code,
-            "rpc_methods": list(self._rpc_methods), "tmp_dir": worker.plan.inside_tmp,
-            "read_roots": list(worker.plan.inside_read_roots), "allow_subprocesses": config.allow_subprocesses,
-            "max_output_chars": config.max_output_chars, "echo_last_expression": config.echo_last_expression,
-        })
-        reply = await worker.receive()
-        protocol.expect(reply, "init_done")
-        error = protocol.text_field(reply, "error", _MAX_ERROR_CHARS)
-        if error is not None:
-            raise SandboxError(f"the sandbox scaffold failed to load:\n{error}")
-        report_missing_protections("REPL", worker, reply, program)
+
+        def prepare(worker: Worker) -> dict:
+            context_path = None if self._context_file is None else worker.write_inbox(*self._context_file)
+            return {"context_path": context_path, "scaffold_code": self._scaffold_code,
+                    "rpc_methods": list(self._rpc_methods), "tmp_dir": worker.plan.inside_tmp,
+                    "read_roots": list(worker.plan.inside_read_roots), "allow_subprocesses": config.allow_subprocesses,
+                    "max_output_chars": config.max_output_chars, "echo_last_expression": config.echo_last_expression}
+
+        setup = WorkerSetup("REPL", config.limits(), allow_subprocesses=config.allow_subprocesses, prepare=prepare,
+                            failed="the sandbox scaffold failed to load:\n", timeout_s=config.start_timeout_s)
+        worker = await start_worker(self._pool, setup)
+        self._worker = worker
         self._baseline_tasks = worker.task_count()  # trusted moment: no model code has run yet
         self._last_request_id = 0
+        self._lost_state = False
 
     async def _abandon(self, worker: Worker, grace_s: float = 0.0, keep_files: bool = False) -> int | None:
         if self._worker is worker:
