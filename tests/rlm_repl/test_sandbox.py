@@ -300,7 +300,7 @@ async def test_timeout_restarts_the_worker_and_says_state_was_lost(backend):
         after = await sandbox.execute("print(context, 'x' in globals())")
     assert spin.timed_out and spin.sandbox_restarted
     assert "exceeded the 1 s time limit" in spin.error and "every variable" in spin.error
-    assert 1.0 <= spin.duration_s < 5
+    assert spin.duration_s >= 1.0
     assert after.stdout == "ctx False\n" and not after.sandbox_restarted
     assert await wait_until_gone(first_pid) == []
 

@@ -17,12 +17,14 @@ else:
     from skyrl_tinker.local import LocalServer as _LocalServer
 
     class LocalServer(_LocalServer):
-        """The in-process server on tiny-random with its checkpoints under ``checkpoint_dir``."""
+        """The in-process server on tiny-random with its checkpoints under ``checkpoint_dir``, seeded (``seed=0``)
+        so what requests leave unseeded does not make a test's outcome a matter of luck."""
 
         def __init__(self, checkpoint_dir: Path, **config: object) -> None:
             from skyrl_tinker.app import ServerConfig
 
-            super().__init__(ServerConfig(base_model="tiny-random", checkpoint_dir=str(checkpoint_dir), **config))
+            super().__init__(ServerConfig(base_model="tiny-random", checkpoint_dir=str(checkpoint_dir),
+                                          **{"seed": 0, **config}))
 
         def client(self, api_key: str = "tml-skyrl-test"):
             import tinker

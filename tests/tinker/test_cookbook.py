@@ -123,8 +123,16 @@ def test_cookbook_sl_train_learns_a_conversation_file(server, service_client, tm
     assert trained >= 4, f"{trained} of {len(QA)} answers reproduced (4 were trained)"
 
 
-def test_cookbook_rl_train_learns_the_format_reward(server, tmp_path):
-    steps = 22  # when it takes off varies with the server's unseeded sampling: seen between steps 6 and 15
+def test_cookbook_rl_train_learns_the_format_reward(new_server, tmp_path):
+    server = new_server(tmp_path / "checkpoints")  # fresh and seeded: the run's samples and LoRA init repeat
+    try:
+        _rl_train_learns_the_format_reward(server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _rl_train_learns_the_format_reward(server, tmp_path):
+    steps = 22
     # 4 addition problems x 8 samples a step; the reward is 1 for the right sum and -0.1 without the
     # stop sequence: tiny-random never adds, but learns to end its turn (<|im_end|>) within max_tokens
     builder = ArithmeticDatasetBuilder(batch_size=4, group_size=8, model_name_for_tokenizer=MODEL,

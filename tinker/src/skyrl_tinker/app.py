@@ -34,6 +34,7 @@ from skyrl_tinker.config import ServerConfig
 from skyrl_tinker.futures import FutureStore
 from skyrl_tinker.routes import ROUTERS
 from skyrl_tinker.sampler import Sampler, SamplingEngine, build_sampler_engine
+from skyrl_tinker.seeds import ServerSeeds
 from skyrl_tinker.service import MAX_TOPK, RequestError, TinkerService
 from skyrl_tinker.sessions import SessionRegistry
 from skyrl_tinker.tenants import Limits, tenant_of
@@ -58,7 +59,8 @@ def build_service(config: ServerConfig, sampler_engine: SamplingEngine | None = 
     sampler = Sampler(engine, backend.base_linear_weights, futures)
     return TinkerService(backend, sampler, CheckpointStore(Path(config.checkpoint_dir)),
                          SessionRegistry(config.session_timeout), futures,
-                         Limits(config.max_sessions, config.max_adapters, config.max_queued_requests))
+                         Limits(config.max_sessions, config.max_adapters, config.max_queued_requests),
+                         None if config.seed is None else ServerSeeds(config.seed))
 
 
 def create_app(config: ServerConfig, service: TinkerService | None = None) -> FastAPI:

@@ -56,6 +56,9 @@ def serve(
     sampler_gpu_memory_utilization: float = typer.Option(
         0.4, "--sampler-gpu-memory-utilization", min=0.05, max=0.95,
         help="vllm only: the share of the GPU's memory vLLM reserves; the rest is left to the trainer."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed what requests leave unseeded (sampling without a "
+                                    "seed, LoRA adapters without one), so a script run against a fresh server "
+                                    "repeats itself. Default: fresh randomness."),
 ) -> None:
     """Serve the Tinker API for one base model; clients train LoRA adapters on it and sample from them."""
     import uvicorn
@@ -75,7 +78,7 @@ def serve(
                           api_keys=keys, sampler_engine=sampler_engine.value,
                           sampler_gpu_memory_utilization=sampler_gpu_memory_utilization, max_sessions=max_sessions,
                           max_adapters=max_adapters, max_queued_requests=max_queued_requests, max_body_mb=max_body_mb,
-                          allowed_hosts=tuple(allowed_hosts or ()), bound_host=host)
+                          allowed_hosts=tuple(allowed_hosts or ()), bound_host=host, seed=seed)
     try:
         app = create_app(config)
     except EngineError as exc:  # e.g. --sampler-engine vllm without vLLM or a GPU: the reason, no traceback

@@ -33,6 +33,7 @@ class ServerConfig:
     max_body_mb: int = 64  # the largest request body; a zstd body may decompress to 4x this
     allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback and bound_host (serve --allowed-host)
     bound_host: str | None = None  # the address the server listens on (serve --host)
+    seed: int | None = None  # seeds what requests leave unseeded: sampling, LoRA init (serve --seed; see seeds.py)
 
     def tenant_keys(self) -> dict[str, str] | None:
         """API key -> tenant; None in single-user mode (no keys: every request is ``DEFAULT_TENANT``)."""

@@ -32,6 +32,7 @@ from skyrl_tinker.fields import INT64_MAX, FieldError, Fields, integers
 from skyrl_tinker.futures import Future, FutureStore, Result
 from skyrl_tinker.losses import LossInputError
 from skyrl_tinker.sampler import SampleJob, Sampler, SamplerWeights
+from skyrl_tinker.seeds import ServerSeeds
 from skyrl_tinker.sessions import Session, SessionRegistry
 from skyrl_tinker.tenants import Limits
 from skyrl_tinker.wire import ForwardBackwardIn
@@ -82,8 +83,10 @@ class SamplingSession:
 
 class TinkerService:
     def __init__(self, backend: Backend, sampler: Sampler, checkpoints: CheckpointStore,
-                 sessions: SessionRegistry, futures: FutureStore, limits: Limits | None = None) -> None:
+                 sessions: SessionRegistry, futures: FutureStore, limits: Limits | None = None,
+                 seeds: ServerSeeds | None = None) -> None:
         self.backend = backend
+        self.seeds = seeds
         self.sampler = sampler
         self.checkpoints = checkpoints
         self.sessions = sessions
@@ -200,7 +203,10 @@ class TinkerService:
         if not 1 <= rank <= MAX_LORA_RANK:
             raise RequestError(400, f"LoRA rank must be between 1 and {MAX_LORA_RANK}, got {rank} "
                                     "(full fine-tuning, rank 0, is not supported)")
-        spec = AdapterSpec(rank=rank, seed=lora.integer("seed", None), train_attn=lora.flag("train_attn", True),
+        seed = lora.integer("seed", None)
+        if seed is None and self.seeds is not None:
+            seed = self.seeds.for_adapter()
+        spec = AdapterSpec(rank=rank, seed=seed, train_attn=lora.flag("train_attn", True),
                            train_mlp=lora.flag("train_mlp", True))
         model_id = new_run_id()
         return self._register(tenant, session, model_id, model_id, spec, None), model_id
@@ -485,6 +491,8 @@ class TinkerService:
                                f"prompt has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
         n = fields.integer("num_samples", 1, lo=1, hi=MAX_NUM_SAMPLES)
         params = _sampling_params(fields.obj("sampling_params"), n, len(prompt), self.backend.max_context)
+        if params.seed is None and self.seeds is not None:
+            params = params.model_copy(update={"seed": self.seeds.for_sample(prompt, params, n)})
         last_n = fields.integer("prompt_logprobs_last_n", None, lo=1, hi=len(prompt) - 1)
         topk = fields.integer("topk_prompt_logprobs", 0, lo=0, hi=MAX_TOPK)
         future = self._new_future(tenant, "sample", session_id, target)

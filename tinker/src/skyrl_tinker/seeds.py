@@ -1,0 +1,49 @@
+"""Seeds for what requests leave unseeded, when the server is given one (``serve --seed``).
+
+Without it, a sample request with no ``seed`` draws fresh randomness and a LoRA adapter with no
+``seed`` starts from the process's random state, so two runs of the same training script differ.
+With it, a sample request gets a seed derived from the server's seed, its prompt, its parameters
+and how many identical requests came before (identical requests are interchangeable, so the
+order in which concurrent ones arrive does not matter), and the n-th adapter created gets the
+n-th adapter seed: the same script against a fresh server repeats itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections import OrderedDict
+
+from skyrl_core.engine import SamplingParams
+
+_REMEMBERED = 65_536  # distinct requests whose repeat count is kept (the oldest are forgotten first)
+_SEED_BYTES = 7  # seeds below 2**56: sample i of a request uses seed + i, which must fit an int64
+
+
+class ServerSeeds:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._seen: OrderedDict[bytes, int] = OrderedDict()
+        self._adapters = itertools.count()
+        self._lock = threading.Lock()
+
+    def for_sample(self, prompt: list[int], params: SamplingParams, num_samples: int) -> int:
+        key = _digest(f"sample {self.seed} {num_samples} {params.model_dump_json()} {prompt}".encode())
+        with self._lock:
+            repeat = self._seen.pop(key, 0)
+            self._seen[key] = repeat + 1
+            if len(self._seen) > _REMEMBERED:
+                self._seen.popitem(last=False)
+        return _seed(key + repeat.to_bytes(8, "big"))
+
+    def for_adapter(self) -> int:
+        return _seed(f"adapter {self.seed} {next(self._adapters)}".encode())
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _seed(data: bytes) -> int:
+    return int.from_bytes(_digest(data)[:_SEED_BYTES], "big")
