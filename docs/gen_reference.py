@@ -9,6 +9,10 @@ docs/mkdocs_hooks.py calls :func:`generated_files` before every build (``mkdocs 
 ``mkdocs serve``) and adds what it returns to the site as virtual files, so nothing is written
 into the tree. ``python docs/gen_reference.py OUT_DIR`` writes the same pages into ``OUT_DIR`` to
 look at them without building the site.
+
+The hand-written pages (``docs/*.md``, the package pages ``docs/packages/<name>.md``) are MkDocs'
+own; :func:`outside_links` is what the hook does to their links that leave ``docs/`` for another
+file of the repository (an image a package page shows, a source file).
 """
 
 from __future__ import annotations
@@ -24,28 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import unquote
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# Site page of each package -> its README, relative to the repository root.
-PACKAGES: dict[str, str] = {
-    "core": "core/README.md",
-    "sandbox": "sandbox/README.md",
-    "trainers": "trainers/README.md",
-    "tinker": "tinker/README.md",
-    "viewer": "viewer/README.md",
-    "rlm_repl": "plugins/rlm_repl/README.md",
-    "sql": "plugins/sql/README.md",
-    "harbor_terminal": "plugins/harbor_terminal/README.md",
-    "search": "plugins/search/README.md",
-    "reverse_text": "examples/reverse_text/README.md",
-}
-PACKAGE_DIR = "packages"  # package pages live at packages/<name>.md in the site
-ASSET_DIR = "assets"  # images a README shows are copied to assets/<their repository path>
+ASSET_DIR = "assets"  # repository files the pages show (images) are copied to assets/<their repository path>
 REFERENCE_PAGES = {"hooks": "reference/hooks.md", "cli": "reference/cli.md",
                    "configuration": "reference/configuration.md"}
-# The line each package README carries under its title, pointing at the site; left out of the site's copy.
-DOCS_LINK_PREFIX = "Documentation site:"
 HELP_WIDTH = 100  # terminal width the CLI help is formatted for
 CONFIG_KINDS = ("env", "generator", "trainer", "engine")
 _ASSET_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp"}
@@ -377,12 +366,11 @@ def config_page(models: Mapping[str, Any] | None = None) -> str:
     return "\n".join(out)
 
 
-# -- package pages from the READMEs ---------------------------------------------------------------------
+# -- links from the hand-written pages to the rest of the repository ------------------------------------
 
 
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 _LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]+)(\s+\"[^\"]*\")?\)")
-_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
 def _prose_chunks(text: str) -> list[tuple[bool, str]]:
@@ -406,121 +394,59 @@ def _prose_chunks(text: str) -> list[tuple[bool, str]]:
     return [(code, chunk) for code, chunk in chunks if chunk]
 
 
-def heading_anchors(markdown: str) -> set[str]:
-    """The anchors the site gives the headings of a page (GitHub's rule: lower case, punctuation dropped, spaces to -)."""
-    from pymdownx.slugs import slugify
-
-    slug = slugify(case="lower")
-    anchors: set[str] = set()
-    for code, chunk in _prose_chunks(markdown):
-        if code:
-            continue
-        for line in chunk.splitlines():
-            match = _HEADING.match(line)
-            if not match:
-                continue
-            text = _LINK.sub(lambda m: m.group(2), match.group(2))
-            text = re.sub(r"\{#([^}]+)\}$", "", text)
-            text = text.replace("`", "").replace("*", "")
-            anchor = slug(text, "-")
-            candidate, n = anchor, 0
-            while candidate in anchors:
-                n += 1
-                candidate = f"{anchor}_{n}"
-            anchors.add(candidate)
-    return anchors
-
-
 @dataclass
-class PackagePage:
-    name: str
-    markdown: str
-    assets: dict[str, Path] = field(default_factory=dict)  # site path -> file in the repository
-    dropped_links: list[str] = field(default_factory=list)  # links to repository files the site does not have
-    broken_anchors: list[str] = field(default_factory=list)  # "#x" that no heading of the target page has
+class OutsideLinks:
+    markdown: str  # the page with its links out of docs/ made to work on the site
+    assets: dict[str, Path] = field(default_factory=dict)  # site path -> repository file to copy there
+    kept_as_text: list[str] = field(default_factory=list)  # "page: target" of links the site has no file for
+    missing: list[str] = field(default_factory=list)  # "page: target" of links to files that do not exist
 
 
-def package_page(name: str, root: Path = REPO_ROOT, packages: Mapping[str, str] = PACKAGES) -> PackagePage:
-    """A package's README as a site page, its relative links pointing into the site.
+def outside_links(markdown: str, page: str, root: Path = REPO_ROOT, docs_dir: str = "docs") -> OutsideLinks:
+    """The links of a hand-written page that leave ``docs_dir`` for another repository file, made to work on the site.
 
-    A link to another package's README (``../core/README.md#x``) goes to that package's page; one to an
-    image goes to a copy of it under ``assets/``; one to any other repository file (a script, a
-    folder) keeps its text and loses the link. An anchor that no heading of the target has is dropped
-    (the link goes to the top of the page) and recorded in ``broken_anchors``.
+    ``page`` is the page's path inside ``docs_dir`` (``packages/viewer.md``). Pages link to repository
+    files relatively (``../../viewer/docs/metrics.png``, ``../../core/src/skyrl_core/env.py``), so the
+    links work where the Markdown is read (GitHub, an editor). MkDocs knows only the files in
+    ``docs_dir``, so on the site an image becomes a link to its copy under ``assets/<repository path>``
+    (listed in ``assets``), and a link to any other file or folder (a source file, a README) keeps its
+    text and loses the link (listed in ``kept_as_text``). A link to a path that does not exist is left
+    as it is and listed in ``missing`` (the hook reports it as a warning, which fails a strict build).
+    Links inside ``docs_dir``, to an anchor of the page or with a scheme (``https:``) are left to MkDocs,
+    which checks them; fenced code blocks are left alone.
     """
-    readme = packages[name]
-    page_path = f"{PACKAGE_DIR}/{name}.md"
-    by_readme = {posixpath.normpath(path): f"{PACKAGE_DIR}/{page}.md" for page, path in packages.items()}
-    text = (root / readme).read_text(encoding="utf-8")
-    text = re.sub(rf"^{re.escape(DOCS_LINK_PREFIX)}.*\n(\s*\n)?", "", text, count=1, flags=re.MULTILINE)
-    page = PackagePage(name, "")
-    anchors_cache: dict[str, set[str]] = {}
-
-    def anchors_of(readme_path: str) -> set[str]:
-        if readme_path not in anchors_cache:
-            source = (root / readme_path).read_text(encoding="utf-8") if (root / readme_path).exists() else ""
-            anchors_cache[readme_path] = heading_anchors(source)
-        return anchors_cache[readme_path]
-
-    def checked_fragment(readme_path: str, fragment: str, shown: str) -> str:
-        if not fragment or fragment in anchors_of(readme_path):
-            return f"#{fragment}" if fragment else ""
-        page.broken_anchors.append(f"{readme}: {shown}")
-        return ""
+    result = OutsideLinks("")
+    page_dir = posixpath.dirname(posixpath.join(docs_dir, page))
 
     def rewrite(match: re.Match[str]) -> str:
         bang, label, target, title = match.group(1), match.group(2), match.group(3), match.group(4) or ""
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith(("#", "/")):
             return match.group(0)
-        path, _, fragment = target.partition("#")
-        if not path:  # an anchor in this README
-            kept = checked_fragment(readme, fragment, target)
-            return f"{bang}[{label}]({kept}{title})" if kept else label
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(readme), path))
-        if (root / resolved).is_dir() and posixpath.join(resolved, "README.md") in by_readme:
-            resolved = posixpath.join(resolved, "README.md")
-        if resolved in by_readme:
-            link = posixpath.relpath(by_readme[resolved], posixpath.dirname(page_path))
-            return f"{bang}[{label}]({link}{checked_fragment(resolved, fragment, target)}{title})"
-        if resolved.startswith("docs/") and (root / resolved).is_file():
-            link = posixpath.relpath(resolved.removeprefix("docs/"), posixpath.dirname(page_path))
-            return f"{bang}[{label}]({link}{'#' + fragment if fragment else ''}{title})"
+        path = unquote(target.partition("#")[0].partition("?")[0])
+        resolved = posixpath.normpath(posixpath.join(page_dir, path))
+        if resolved == docs_dir or resolved.startswith(docs_dir + "/"):
+            return match.group(0)  # a page or file of the site: MkDocs resolves and checks it
+        if resolved.startswith("../") or not (root / resolved).exists():
+            result.missing.append(f"{page}: {target}")
+            return match.group(0)
         if Path(resolved).suffix.lower() in _ASSET_SUFFIXES and (root / resolved).is_file():
             site_path = f"{ASSET_DIR}/{resolved}"
-            page.assets[site_path] = root / resolved
-            link = posixpath.relpath(site_path, posixpath.dirname(page_path))
-            return f"{bang}[{label}]({link}{title})"
-        page.dropped_links.append(f"{readme}: {target}")
+            result.assets[site_path] = root / resolved
+            return f"{bang}[{label}]({posixpath.relpath(site_path, posixpath.dirname(page) or '.')}{title})"
+        result.kept_as_text.append(f"{page}: {target}")
         return label
 
-    page.markdown = "".join(chunk if code else _LINK.sub(rewrite, chunk) for code, chunk in _prose_chunks(text))
-    return page
+    result.markdown = "".join(chunk if code else _LINK.sub(rewrite, chunk) for code, chunk in _prose_chunks(markdown))
+    return result
 
 
 # -- everything the site needs ---------------------------------------------------------------------------
 
 
-@dataclass
-class Site:
-    pages: dict[str, str] = field(default_factory=dict)  # site path -> Markdown
-    assets: dict[str, Path] = field(default_factory=dict)  # site path -> file in the repository to copy
-    dropped_links: list[str] = field(default_factory=list)
-    broken_anchors: list[str] = field(default_factory=list)
-
-
-def generated_files(root: Path = REPO_ROOT) -> Site:
-    """Every generated page and the files to copy, by site path, with what the README rewriting changed."""
-    site = Site()
-    for name in PACKAGES:
-        page = package_page(name, root)
-        site.pages[f"{PACKAGE_DIR}/{name}.md"] = page.markdown
-        site.assets.update(page.assets)
-        site.dropped_links += page.dropped_links
-        site.broken_anchors += page.broken_anchors
-    site.pages[REFERENCE_PAGES["hooks"]] = hooks_page()
-    site.pages[REFERENCE_PAGES["cli"]] = cli_page()
-    site.pages[REFERENCE_PAGES["configuration"]] = config_page()
-    return site
+def generated_files() -> dict[str, str]:
+    """Every generated page's Markdown, by site path."""
+    return {REFERENCE_PAGES["hooks"]: hooks_page(), REFERENCE_PAGES["cli"]: cli_page(),
+            REFERENCE_PAGES["configuration"]: config_page()}
 
 
 def main(argv: list[str]) -> int:
@@ -528,7 +454,7 @@ def main(argv: list[str]) -> int:
         print("usage: python docs/gen_reference.py OUT_DIR", file=sys.stderr)
         return 2
     out = Path(argv[0])
-    for site_path, markdown in generated_files().pages.items():
+    for site_path, markdown in generated_files().items():
         target = out / site_path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(markdown, encoding="utf-8")

@@ -1,8 +1,14 @@
-"""MkDocs hooks (mkdocs.yml ``hooks:``): add the generated pages to every build as virtual files.
+"""MkDocs hooks (mkdocs.yml ``hooks:``): the generated reference pages, and links out of docs/.
 
-The package pages (from the READMEs) and the reference pages (hooks, CLI, configuration) come from
-docs/gen_reference.py. They are added in ``on_files``, before MkDocs builds the navigation and checks
-links, so nothing is written into the tree and two builds never race on a folder.
+The reference pages (hooks, CLI, configuration) come from docs/gen_reference.py. They are added in
+``on_files``, before MkDocs builds the navigation and checks links, so nothing is written into the
+tree and two builds never race on a folder. The other pages, the package pages included
+(docs/packages/<name>.md), are hand-written Markdown files of docs/.
+
+Those pages link to other repository files relatively (an image in ``viewer/docs/``, a source file),
+so that the links work on GitHub too; :func:`gen_reference.outside_links` makes them work on the
+site: an image is copied under ``assets/`` (added here in ``on_files``), a link to another file keeps
+only its text (``on_page_markdown``), and a link to a file that does not exist is a warning.
 """
 
 from __future__ import annotations
@@ -31,25 +37,30 @@ def _gen_reference() -> Any:
     return sys.modules[name]
 
 
+def _root_and_docs_dir(config: Any) -> tuple[Path, str]:
+    root = Path(config.config_file_path).resolve().parent
+    return root, Path(config.docs_dir).resolve().relative_to(root).as_posix()
+
+
 def on_files(files: Files, config: Any) -> Files:
     gen = _gen_reference()
-    root = Path(config.config_file_path).resolve().parent
-    site = gen.generated_files(root)
-    for src_uri, markdown in site.pages.items():
+    root, docs_dir = _root_and_docs_dir(config)
+    assets: dict[str, Path] = {}
+    for file in files.documentation_pages():
+        assets.update(gen.outside_links(file.content_string, file.src_uri, root, docs_dir).assets)
+    for src_uri, markdown in gen.generated_files().items():
         files.append(File.generated(config, src_uri, content=markdown))
-    for src_uri, path in site.assets.items():
+    for src_uri, path in assets.items():
         files.append(File.generated(config, src_uri, abs_src_path=str(path)))
-    for link in site.dropped_links:
-        log.debug("link to a repository file kept as text: %s", link)
-    for anchor in site.broken_anchors:
-        log.info("README link to a heading that does not exist (linked to the page instead): %s", anchor)
     return files
 
 
-def on_serve(server: Any, config: Any, builder: Any) -> Any:
-    """``mkdocs serve``: rebuild when a README or the generator changes."""
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     gen = _gen_reference()
-    root = Path(config.config_file_path).resolve().parent
-    for readme in gen.PACKAGES.values():
-        server.watch(str(root / readme))
-    return server
+    root, docs_dir = _root_and_docs_dir(config)
+    links = gen.outside_links(markdown, page.file.src_uri, root, docs_dir)
+    for link in links.kept_as_text:
+        log.debug("link to a repository file the site does not have, kept as text: %s", link)
+    for link in links.missing:
+        log.warning("link to a file that does not exist: %s", link)
+    return links.markdown

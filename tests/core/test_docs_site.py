@@ -2,7 +2,8 @@
 
 The completeness checks are the ``undocumented_*`` functions of docs/gen_reference.py, run here on the
 installed hookspecs, CLI and config classes, and once each on a fixture that lacks documentation, to
-show that they report what is missing.
+show that they report what is missing. Every package (a folder with a ``pyproject.toml``) has a page
+``docs/packages/<folder name>.md``, and its README stays short and links to that page.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ import typer
 from pydantic import BaseModel, Field
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_PAGES = ROOT / "docs" / "packages"
+README_MAX_LINES = 100  # a package README is a first look; the details are on its docs page
+# Every distribution of the repository: its folder's name is the name of its docs page.
+PACKAGES = {path.parent.name: path.parent for pattern in ("*/pyproject.toml", "*/*/pyproject.toml")
+            for path in sorted(ROOT.glob(pattern)) if not path.parent.name.startswith(".")}
 
 
 def _load_gen_reference() -> types.ModuleType:
@@ -55,15 +61,16 @@ def test_strict_build_passes(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert not re.search(r"^(WARNING|ERROR)\b", output, re.MULTILINE), output
-    for page in ["index", "concepts", "plugin-guide", "contributing", *(f"packages/{name}" for name in gen.PACKAGES),
+    for page in ["index", "concepts", "plugin-guide", "contributing", *(f"packages/{name}" for name in PACKAGES),
                  "reference/hooks", "reference/cli", "reference/configuration"]:
         assert (site / f"{page}.html").is_file(), page
     hooks = (site / "reference" / "hooks.html").read_text()
     assert "register_envs" in hooks and "on_train_step_end" in hooks
     assert "skyrl check" in (site / "reference" / "cli.html").read_text()
     assert "trainer.lr" in (site / "reference" / "configuration.html").read_text()
-    assert (site / "assets" / "viewer" / "docs" / "metrics.png").is_file()  # an image a README shows
-    assert not (ROOT / "docs" / "packages").exists() and not (ROOT / "docs" / "reference").exists()  # virtual
+    assert (site / "assets" / "viewer" / "docs" / "metrics.png").is_file()  # an image a package page shows
+    assert 'src="../assets/viewer/docs/metrics.png"' in (site / "packages" / "viewer.html").read_text()
+    assert not (ROOT / "docs" / "reference").exists()  # the generated pages are virtual
 
 
 # -- completeness of the real reference ------------------------------------------------------------------
@@ -172,7 +179,28 @@ def test_an_undocumented_config_field_is_reported_nested_ones_included():
     assert "<code>env.bare</code> | <code>str &#124; None</code> | <code>None</code> | *(no description)*" in page
 
 
-# -- pages from the READMEs ------------------------------------------------------------------------------
+# -- package pages and READMEs --------------------------------------------------------------------------
+
+
+def _links(markdown: str) -> list[str]:
+    """Targets of the Markdown links outside fenced code blocks."""
+    return [m.group(3) for code, chunk in gen._prose_chunks(markdown) if not code for m in gen._LINK.finditer(chunk)]
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors of a page's headings, as the site (toc, pymdownx slugify, lower case) and GitHub make them."""
+    from pymdownx.slugs import slugify
+
+    slug, anchors = slugify(case="lower"), set()
+    for code, chunk in gen._prose_chunks(markdown):
+        for line in [] if code else chunk.splitlines():
+            if (match := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)):
+                text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match.group(1)).replace("`", "").replace("*", "")
+                anchor, n = slug(text, "-"), 0
+                while (f"{anchor}_{n}" if n else anchor) in anchors:
+                    n += 1
+                anchors.add(f"{anchor}_{n}" if n else anchor)
+    return anchors
 
 
 def test_getting_started_shows_the_readme_quickstart_commands_verbatim():
@@ -183,49 +211,49 @@ def test_getting_started_shows_the_readme_quickstart_commands_verbatim():
     assert f"```bash\n{block.group(1)}```" in (ROOT / "docs" / "index.md").read_text()
 
 
-def test_each_package_readme_links_to_its_page_and_the_page_drops_that_line():
-    for name, readme in gen.PACKAGES.items():
-        head = (ROOT / readme).read_text().splitlines()[:6]
-        assert any(line.startswith(gen.DOCS_LINK_PREFIX) and f"/packages/{name}.html" in line for line in head), readme
-        page = gen.package_page(name)
-        assert gen.DOCS_LINK_PREFIX not in page.markdown
-        assert not re.search(r"\]\([^)]*README\.md", page.markdown), f"{name}: a link to a README is left"
+def test_every_package_has_a_docs_page_in_the_nav():
+    assert {"core", "trainers", "sandbox", "viewer", "reverse_text"} <= set(PACKAGES)
+    assert {page.stem for page in PACKAGE_PAGES.glob("*.md")} == set(PACKAGES), "a page without a package or back"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for name in PACKAGES:
+        assert f"packages/{name}.md" in nav, name
 
 
-def test_readme_links_are_rewritten_for_the_site(tmp_path):
-    (tmp_path / "one").mkdir()
+def test_links_out_of_docs_are_made_to_work_on_the_site(tmp_path):
+    (tmp_path / "docs" / "packages").mkdir(parents=True)
     (tmp_path / "two" / "pics").mkdir(parents=True)
     (tmp_path / "two" / "pics" / "plot.png").write_bytes(b"png")
-    (tmp_path / "one" / "README.md").write_text("# one\n\n## Usage notes\n\nText.\n")
-    (tmp_path / "two" / "README.md").write_text(textwrap.dedent("""\
+    (tmp_path / "two" / "src").mkdir()
+    (tmp_path / "two" / "src" / "run.py").write_text("")
+    page = textwrap.dedent("""\
         # two
 
-        Documentation site: <http://127.0.0.1:8000/packages/two.html>
-
-        See [one's usage](../one/README.md#usage-notes), [one](../one/), [gone](../one/README.md#nowhere),
-        [this](#section-b), [bad](#missing), [the script](../bench/run.py) and [a site](https://example.org/x.md).
-        ![a plot](pics/plot.png)
+        See [one](one.md#usage), [home](../index.md), [this](#section-b), [a site](https://example.org/x.md),
+        [the script](../../two/src/run.py#L3), [the folder](../../two/), [gone](../../two/nowhere.py),
+        [above](../../../x.md) and ![a plot](../../two/pics/plot.png "Plot").
 
         ```markdown
-        [left alone](../one/README.md)
-        ```
-
-        ## Section B
-        """))
-    page = gen.package_page("two", tmp_path, {"one": "one/README.md", "two": "two/README.md"})
-    assert page.markdown == textwrap.dedent("""\
-        # two
-
-        See [one's usage](one.md#usage-notes), [one](one.md), [gone](one.md),
-        [this](#section-b), bad, the script and [a site](https://example.org/x.md).
-        ![a plot](../assets/two/pics/plot.png)
-
-        ```markdown
-        [left alone](../one/README.md)
+        ![left alone](../../two/pics/plot.png)
         ```
 
         ## Section B
         """)
-    assert page.assets == {"assets/two/pics/plot.png": tmp_path / "two" / "pics" / "plot.png"}
-    assert page.dropped_links == ["two/README.md: ../bench/run.py"]
-    assert page.broken_anchors == ["two/README.md: ../one/README.md#nowhere", "two/README.md: #missing"]
+    links = gen.outside_links(page, "packages/two.md", tmp_path)
+    assert links.markdown == textwrap.dedent("""\
+        # two
+
+        See [one](one.md#usage), [home](../index.md), [this](#section-b), [a site](https://example.org/x.md),
+        the script, the folder, [gone](../../two/nowhere.py),
+        [above](../../../x.md) and ![a plot](../assets/two/pics/plot.png "Plot").
+
+        ```markdown
+        ![left alone](../../two/pics/plot.png)
+        ```
+
+        ## Section B
+        """)
+    assert links.assets == {"assets/two/pics/plot.png": tmp_path / "two" / "pics" / "plot.png"}
+    assert links.kept_as_text == ["packages/two.md: ../../two/src/run.py#L3", "packages/two.md: ../../two/"]
+    assert links.missing == ["packages/two.md: ../../two/nowhere.py", "packages/two.md: ../../../x.md"]
+    top = gen.outside_links("![a plot](../two/pics/plot.png)", "index.md", tmp_path)
+    assert top.markdown == "![a plot](assets/two/pics/plot.png)"
