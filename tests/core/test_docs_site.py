@@ -219,6 +219,33 @@ def test_every_package_has_a_docs_page_in_the_nav():
         assert f"packages/{name}.md" in nav, name
 
 
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_each_package_readme_is_short_and_links_to_its_docs_page(name):
+    readme = PACKAGES[name] / "README.md"
+    text = readme.read_text()
+    lines = len(text.splitlines())
+    assert lines <= README_MAX_LINES, (f"{readme.relative_to(ROOT)} has {lines} lines (at most {README_MAX_LINES}): "
+                                       f"move the details to docs/packages/{name}.md")
+    page = PACKAGE_PAGES / f"{name}.md"
+    targets = {(readme.parent / link.partition("#")[0]).resolve() for link in _links(text) if "://" not in link}
+    assert page.resolve() in targets, f"{readme.relative_to(ROOT)} does not link to docs/packages/{name}.md"
+    assert "mkdocs serve" in text, f"{readme.relative_to(ROOT)} does not say how to see the site"
+
+
+@pytest.mark.parametrize("readme", ["README.md", *sorted(f"{p.relative_to(ROOT)}/README.md" for p in PACKAGES.values())])
+def test_readme_links_to_repository_files_and_their_headings_exist(readme):
+    """A README is read on GitHub: every relative link must reach a file, and an anchor a heading of it."""
+    path = ROOT / readme
+    for link in _links(path.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", link):
+            continue
+        target, _, anchor = link.partition("#")
+        resolved = (path.parent / target).resolve() if target else path
+        assert resolved.exists(), f"{readme}: {link} does not exist"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in _anchors(resolved.read_text()), f"{readme}: {link}: no such heading"
+
+
 def test_links_out_of_docs_are_made_to_work_on_the_site(tmp_path):
     (tmp_path / "docs" / "packages").mkdir(parents=True)
     (tmp_path / "two" / "pics").mkdir(parents=True)
