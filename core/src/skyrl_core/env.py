@@ -7,8 +7,8 @@ rejection of non-text/empty/huge actions (answered by :meth:`TextEnv.reject_acti
 overrides to score them like its other malformed turns), and turning an exception inside the env
 into ``truncated=True`` with ``info["error"]`` instead of a crash. Its spaces (:class:`AnyText`
 actions bounded by ``max_action_chars``, :class:`Messages` observations) let Gymnasium's own
-``check_env`` pass on it. The whole contract is in :class:`TextEnv`'s docstring and in the core
-README ("The env contract").
+``check_env`` pass on it. The whole contract is in :class:`TextEnv`'s docstring and in
+docs/packages/core.md ("The env contract").
 """
 
 from __future__ import annotations

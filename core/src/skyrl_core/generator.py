@@ -87,7 +87,7 @@ class GeneratorConfig(BaseModel):
     end_of_turn_token_id: int | None = Field(None, description="Defaults to the tokenizer's EOS id.")
     seed: int = Field(0, description="Episode i of a task is reset with seed + i; the sampling seed of generate() "
                       "calls that pass none.")
-    # where envs run (README of skyrl-core: "Env workers on Ray")
+    # where envs run (docs/packages/core.md: "Env workers on Ray")
     env_placement: Literal["local", "ray"] = Field(
         "local", description="local: envs in this process; ray: in env worker actors placed on Ray nodes that "
         "offer the env's resources (run.ray_address joins a cluster, else a local Ray is started).")

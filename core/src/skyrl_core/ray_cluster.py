@@ -27,9 +27,10 @@ def require_ray(what: str) -> ModuleType:
     return ray
 
 
-def connect(address: str | None = None, *, what: str = "Ray placement") -> bool:
-    """Join the cluster at ``address`` or start a local Ray; ``True`` when this call started it (the
-    caller shuts it down with :func:`disconnect`). A Ray already initialised in this process is kept."""
+def connect(address: str | None = None, *, what: str = "Ray placement", num_cpus: int | None = None) -> bool:
+    """Join the cluster at ``address`` or start a local Ray (of ``num_cpus``, default this machine's, at
+    least 2); ``True`` when this call started it (the caller shuts it down with :func:`disconnect`). A Ray
+    already initialised in this process is kept."""
     ray = require_ray(what)
     if ray.is_initialized():
         return False
@@ -40,7 +41,7 @@ def connect(address: str | None = None, *, what: str = "Ray placement") -> bool:
     from skyrl_core.nodes import node_resources
 
     resources = node_resources()
-    ray.init(num_cpus=max(os.cpu_count() or 1, 2), resources=resources, include_dashboard=False,
+    ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, 2), resources=resources, include_dashboard=False,
              log_to_driver=True)
     log.info("started a local Ray; this node offers env workers %s", resources or "no custom resources")
     return True

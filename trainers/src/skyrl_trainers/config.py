@@ -115,7 +115,7 @@ class FSDPGRPOConfig(BaseModel):
         3, ge=1, description="Warn once when this many steps in a row have no learning signal "
         "(metric train/no_signal_steps: the current streak).")
 
-    # asynchronous training (README: "Asynchronous training")
+    # asynchronous training (docs/packages/trainers.md: "Asynchronous training")
     mode: Literal["sync", "one_step_off", "async"] = Field(
         "sync", description="sync: generate a batch, then train on it; one_step_off: generate step N+1's batch "
         "while step N trains; async: generation never stops and finished groups are trained as they arrive.")
@@ -136,7 +136,7 @@ class FSDPGRPOConfig(BaseModel):
     data_split: str = Field("train", description="Split of the env's built-in dataset.")
     shuffle: bool = Field(True, description="Reshuffle tasks every epoch (seeded by run.seed).")
 
-    # held-out evaluation (README: "Held-out evaluation")
+    # held-out evaluation (docs/packages/trainers.md: "Held-out evaluation")
     eval_samples: int = Field(
         8, ge=0, description="Held-out tasks evaluated before the first step, every eval_every steps and after the "
         "last (one episode each; the same tasks and seeds every time), spread evenly over the split; 0: no evaluation.")

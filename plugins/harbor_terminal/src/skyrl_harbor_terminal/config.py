@@ -45,7 +45,8 @@ class HarborTerminalConfig(EnvConfig):
                                                      "~/.cache/skyrl/harbor/build-logs.")
     substitute_images: bool | None = Field(None, description=(
         "Build public images that task Dockerfiles start FROM (debian:, python:, ubuntu:) and the engine lacks "
-        "from Debian packages (README 'Offline base images'); an image on the engine is used as it is. None: "
+        "from Debian packages (docs/packages/harbor_terminal.md, 'Offline base images'); an image on the engine "
+        "is used as it is. None: "
         "$SKYRL_SUBSTITUTE_IMAGES when set (1/0), else the machine's settings file "
         "(~/.config/skyrl/harbor.toml), else on."))
     build_network: bool | None = Field(None, description=(

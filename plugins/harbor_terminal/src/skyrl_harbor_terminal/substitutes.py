@@ -48,8 +48,8 @@ VERSION = 1  # bump when what goes into a substitute changes: they are cached by
 LABEL = "skyrl.substitutes"
 SUITE_LABEL = "skyrl.substitute.suite"
 REPOSITORY = "skyrl-substitute"
-MAP_DOC = ("the offline base-image map (skyrl_harbor_terminal.substitutes; README 'Offline base images') covers "
-           "debian:<suite>[-slim], python:<version>[-slim][-<suite>] and ubuntu:<version>")
+MAP_DOC = ("the offline base-image map (skyrl_harbor_terminal.substitutes; docs/packages/harbor_terminal.md, "
+           "'Offline base images') covers debian:<suite>[-slim], python:<version>[-slim][-<suite>] and ubuntu:<version>")
 
 SUITES = ("bullseye", "bookworm", "trixie")  # oldest first
 SUITE_NUMBERS = {"11": "bullseye", "12": "bookworm", "13": "trixie"}
@@ -145,8 +145,8 @@ def _normalise(ref: str) -> tuple[str, str, list[str]]:
 
 def _unknown_tag(ref: str, forms: str) -> UnavailableImage:
     return UnavailableImage(f"{ref} cannot be had here: nothing is pulled (no registry is used), and the offline "
-                            f"base-image map (README 'Offline base images') builds {forms}, not this tag; load it "
-                            "onto the engine first (docker load -i image.tar)")
+                            "base-image map (docs/packages/harbor_terminal.md, 'Offline base images') builds "
+                            f"{forms}, not this tag; load it onto the engine first (docker load -i image.tar)")
 
 
 def _debian(ref: str, tag: str, notes: list[str]) -> Substitute:

@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from skyrl_core import ray_cluster
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams
 
 #: Optional engine methods forwarded to the remote engine when it has them.
@@ -452,18 +453,14 @@ class RayEngineActor:
 
 
 def connect_ray(address: str | None = None, num_cpus: int | None = None) -> tuple[Any, bool]:
-    """``(ray, owned)``: join the Ray instance this process already runs, else ``ray.init(address)`` (a local
-    one with ``num_cpus`` CPUs when ``address`` is None); ``owned`` says whether this call started it (its
-    caller then shuts it down)."""
+    """``(ray, owned)``: the Ray instance this process already runs, else the one
+    :func:`skyrl_core.ray_cluster.connect` joins at ``address`` or starts (with ``num_cpus`` CPUs);
+    ``owned`` says whether this call started it (its caller then shuts it down)."""
     try:
         import ray
     except ImportError:
         raise EngineError("trainer.engine_placement=ray needs Ray: pip install 'skyrl-trainers[ray]'") from None
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True,
-                 **({} if address else {"num_cpus": num_cpus or max(os.cpu_count() or 1, 2)}))
-    return ray, owned
+    return ray, ray_cluster.connect(address, what="trainer.engine_placement=ray", num_cpus=num_cpus)
 
 
 def start_engine_actor(ray: Any, engine_cls: Any, engine_config: Any, *, num_gpus: float = 0,
