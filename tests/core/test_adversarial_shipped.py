@@ -22,6 +22,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # up to ~30 s a case: every probe against a real env
 @pytest.mark.parametrize(("env_id", "backend"), CASES)
 def test_no_probe_finds_a_reward_hack_in_a_shipped_env(skyrl_cli, env_id: str, backend: str | None):
     overrides = []

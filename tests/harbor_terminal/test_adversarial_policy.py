@@ -79,6 +79,7 @@ def host_pid_of(machine, argv0: bytes) -> int:
     raise AssertionError(f"no {argv0!r} in the machine")
 
 
+@pytest.mark.slow  # ~10 s a backend
 async def test_a_process_that_cannot_be_killed_gives_reward_0_and_the_reason_without_running_the_tests(
         machine_backend: str, tmp_path: Path):
     """The kill is proven by the cgroup's own list, not assumed: a process it cannot kill (here pinned by the test
@@ -163,6 +164,7 @@ def test_starting_the_tests_in_the_workdir_lints_them_as_started_there(tmp_path:
 
 # --- 3. no escape through an env error -------------------------------------------------------------------------
 
+@pytest.mark.slow  # up to ~11 s a case
 @pytest.mark.parametrize("escape", list(ESCAPES))
 def test_an_agent_cannot_turn_its_episode_into_an_env_error(machine_backend: str, escape: str):
     row = builtin_row("hello-world-file")

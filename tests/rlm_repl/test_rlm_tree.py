@@ -151,6 +151,7 @@ async def test_per_depth_metrics_count_episodes_calls_rewards_and_sandbox_troubl
     assert m["rlm/depth1/final_answer_rate"] == 1.0 and m["rlm/sub_calls_mean"] == 2.0
 
 
+@pytest.mark.slow  # ~15 s
 async def test_64_concurrent_roots_with_batched_children_finish_without_deadlock(tokenizer, evidence_tasks):
     code = ("ids = list(context)\n"
             "out = rlm_query_batched(['CHILD quote ' + i for i in ids[:2]], context_list=[context[i] for i in ids[:2]])")
