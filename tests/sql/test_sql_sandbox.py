@@ -144,6 +144,14 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` is a zombie, or gone (a container's init is reaped by its shim, not by us)."""
+    try:
+        return _state(pid) == "Z"
+    except (FileNotFoundError, ProcessLookupError):  # its /proc entry went away, or is going
+        return True
+
+
 def _freeze_processes_started_since(known: set[int]) -> set[int]:
     """SIGSTOP every process below this one that is not in ``known``, and any they start meanwhile."""
     frozen: set[int] = set()
@@ -330,7 +338,7 @@ def test_a_worker_killed_between_queries_is_replaced_without_a_crash_for_the_nex
             assert runner.run(QueryRequest("sqlite", db, f"SELECT {number}", 5.0, 10, 1000)).rows == [(number,)]
             (pid,) = runner.worker_pids()
             os.kill(pid, signal.SIGKILL)
-            while Path(f"/proc/{pid}").exists() and _state(pid) != "Z":  # a container's init is reaped by its shim
+            while not _exited(pid):
                 time.sleep(0.001)
         assert runner.run(QueryRequest("sqlite", db, "SELECT 9", 5.0, 10, 1000)).rows == [(9,)]
     finally:
