@@ -48,7 +48,7 @@ from .docker_client import (  # the engine client lives in .docker_client; these
 from .errors import SandboxError, WorkerGone
 from .launch import INSIDE_INBOX, INSIDE_LIB, LaunchPlan, WorkerProgram, clean_env, python_args, spawn_settings
 from .limits import Limits
-from .process import tree_threads
+from .process import exiting, tree_threads
 
 log = logging.getLogger(__name__)
 
@@ -323,13 +323,7 @@ class ContainerWorker:
         """Whether the container still runs, as far as this machine sees (a dead one's channel ends either way)."""
         if self._status is not None:
             return False
-        if not self._local:
-            return True
-        try:
-            with open(f"/proc/{self._init_pid}/stat", "rb") as stat:
-                return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-        except (OSError, IndexError):
-            return False
+        return not self._local or not exiting(self._init_pid)
 
     def reap(self, grace_s: float = 0.0) -> int:
         """:meth:`wait` for callers without an event loop (kill, reap, remove the container; files kept)."""

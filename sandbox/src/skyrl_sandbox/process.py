@@ -53,14 +53,7 @@ class WorkerProcess:
         A killed multi-threaded process shows its main thread as a zombie while the other threads
         exit, and cannot be reaped (``poll``) until the last one has; its channel stays open until then.
         """
-        if self.popen.poll() is not None:
-            return False
-        try:
-            with open(f"/proc/{self.popen.pid}/stat", "rb") as stat:
-                state = stat.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in (b"Z", b"X")
+        return self.popen.poll() is None and not exiting(self.popen.pid)
 
     def open_channel(self) -> BlockingChannel:
         """The pipes as a channel driven from one thread (instead of :meth:`attach`); ``ready`` is its first frame."""
@@ -172,6 +165,15 @@ def _kill_group(popen: subprocess.Popen) -> None:
             kill()
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def exiting(pid: int) -> bool:
+    """Whether ``pid`` is gone, a zombie, or dying (its main thread exited before the others)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def tree_threads(root: int) -> int:

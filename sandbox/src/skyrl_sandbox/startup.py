@@ -71,7 +71,7 @@ class WorkerSetup:
 
 async def start_worker(pool: WorkerPool, setup: WorkerSetup) -> Worker:
     """A worker of ``pool`` attached to the running loop and initialised; SandboxError when two tries fail."""
-    for attempt in (1, 2):
+    for _ in range(2):
         try:
             worker = await pool.acquire()
         except OSError as exc:
@@ -92,9 +92,7 @@ async def start_worker(pool: WorkerPool, setup: WorkerSetup) -> Worker:
             pool.refill()  # after the set-up: a replacement started earlier would compete with it for the CPU
         error = setup.start_failed(worker, problem)
         worker.discard()
-        if attempt == 2:
-            raise error
-    raise AssertionError("unreachable")
+    raise error
 
 
 def start_worker_blocking(pool: WorkerPool, setup: WorkerSetup,
@@ -105,7 +103,7 @@ def start_worker_blocking(pool: WorkerPool, setup: WorkerSetup,
     given: a frozen one must not hold a request longer (TimeoutError); a worker started for the
     call gets ``setup.timeout_s``.
     """
-    for attempt in (1, 2):
+    for _ in range(2):
         spare = pool.take_idle()
         try:
             worker = spare or pool.acquire_blocking()
@@ -132,9 +130,7 @@ def start_worker_blocking(pool: WorkerPool, setup: WorkerSetup,
             pool.refill()
         error = setup.start_failed(worker, problem)
         worker.discard()
-        if attempt == 2:
-            raise error
-    raise AssertionError("unreachable")
+    raise error
 
 
 async def _handshake(worker: Worker, setup: WorkerSetup) -> None:
