@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from skyrl_sandbox import Limits
 from skyrl_sandbox.box import Box
@@ -25,3 +27,13 @@ def limits() -> Limits:
 async def box(backend, limits):
     async with await Box.create(backend, limits) as created:
         yield created
+
+
+@pytest.fixture
+def host_ignores_interrupts():
+    """This process ignores SIGINT and SIGQUIT while the test runs, as a job started with ``&`` from a script does."""
+    saved = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGQUIT)}
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)
+

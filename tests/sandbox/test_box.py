@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sandbox_helpers import signal_masks
 from skyrl_sandbox import SandboxError
 from skyrl_sandbox.box import Box, run
 
@@ -11,6 +12,13 @@ async def test_a_command_reports_exit_code_and_both_streams(box):
     result = await box.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (result.exit_code, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
     assert not (result.stdout_truncated or result.stderr_truncated or result.timed_out)
+
+
+async def test_commands_start_with_default_signals_whatever_this_process_ignores(host_ignores_interrupts, backend,
+                                                                                 limits):
+    async with await Box.create(backend, limits) as box:  # its worker starts while this process ignores SIGINT
+        status = await box.run(["cat", "/proc/self/status"])
+    assert signal_masks(status.stdout.decode()) == {"SigIgn": 0, "SigBlk": 0}
 
 
 async def test_stdin_reaches_the_command(box):

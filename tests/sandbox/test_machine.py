@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import signal_masks
 from skyrl_sandbox import SandboxError, images
 from skyrl_sandbox.machine import MACHINE_BACKENDS, Machine, MachineSpec
 from skyrl_sandbox.machine_factory import start_machine
@@ -295,7 +296,24 @@ async def test_a_command_that_ignores_sigint_is_killed_and_the_shell_goes_on(mac
     assert await running(machine, stubborn) == set()
 
 
-async def test_a_shell_that_cannot_be_interrupted_is_restarted(machine):
+@pytest.fixture(params=["default", "ignored"])
+def host_interrupts(request: pytest.FixtureRequest) -> str:
+    """This process's SIGINT as it is, then ignored (a run started with ``&`` from a script): the shell must not care."""
+    if request.param == "ignored":
+        request.getfixturevalue("host_ignores_interrupts")
+    return request.param
+
+
+async def test_commands_and_the_shell_start_with_default_signals_whatever_this_process_ignores(
+        host_ignores_interrupts, machine):
+    executed = await machine.exec(["cat", "/proc/self/status"], user="agent", timeout_s=30)
+    shell = await machine.open_shell()
+    typed = await shell.run("cat /proc/self/status", 30)
+    assert signal_masks(executed.stdout.decode()) == {"SigIgn": 0, "SigBlk": 0}
+    assert signal_masks(typed.output) == {"SigIgn": 0, "SigBlk": 0}
+
+
+async def test_a_shell_that_cannot_be_interrupted_is_restarted(host_interrupts, machine):
     shell = await machine.open_shell()
     await shell.run("export KEPT=yes; trap '' INT", 30)  # in place before the loop, however slow the machine
     # Time for the shell to read the command: a Ctrl-C before it has (a loaded machine) discards the unread

@@ -34,6 +34,7 @@ from .dirs import make_host_dir, remove_tree
 from .errors import BackendUnavailable, ProcessesSurvived, SandboxError
 from .launch import bwrap_base_argv
 from .machine import AGENT_UID, Machine, MachineSpec, base_env
+from .process import enter_child
 from .seccomp import build_filter
 from .terminal import SHELL_ARGV, TerminalSession
 
@@ -155,8 +156,7 @@ class BwrapMachine(Machine):
         cgroup = self.cgroup
 
         def enter_limits() -> None:  # in the child, before bwrap runs
-            if cgroup is not None:
-                cgroup.join()
+            enter_child(cgroup)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 

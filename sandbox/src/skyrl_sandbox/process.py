@@ -32,7 +32,7 @@ class WorkerProcess:
             with open(host_dir / "stderr.log", "wb") as stderr:
                 self.popen = subprocess.Popen(plan.argv, cwd=plan.cwd, env=plan.env, stdin=subprocess.PIPE,
                                               stdout=subprocess.PIPE, stderr=stderr, start_new_session=True,
-                                              preexec_fn=None if cgroup is None else cgroup.join)
+                                              preexec_fn=lambda: enter_child(cgroup))
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()
@@ -155,6 +155,30 @@ class WorkerProcess:
                       "SIGSEGV": " (crashed)"}.get(name, "")
             return f"was terminated by {name}{reason}"
         return f"exited with status {status}"
+
+
+def default_signals() -> None:
+    """In a forked child before it executes: every signal back to its default action, none blocked.
+
+    Only an ignored signal survives ``exec``, and ours would reach the model's commands: a training
+    run started with ``&`` from a script ignores SIGINT, and an interactive ``bash`` that inherits an
+    ignored SIGINT keeps its own handler and treats ``trap '' INT`` as a no-op (so a command the
+    agent shielded from Ctrl-C would still be interrupted, and its commands could never be).
+    """
+    for number in signal.valid_signals():
+        if number not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(number, signal.SIG_DFL)
+            except (OSError, ValueError):  # the C library's reserved real-time signals
+                pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def enter_child(cgroup: WorkerCgroup | None) -> None:
+    """The ``preexec_fn`` of a worker: default signals, then into its cgroup (if any) before it runs anything."""
+    default_signals()
+    if cgroup is not None:
+        cgroup.join()
 
 
 def _kill_group(popen: subprocess.Popen) -> None:
