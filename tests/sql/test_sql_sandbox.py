@@ -4,8 +4,10 @@ files stay byte-identical (no journal or WAL file appears either)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -288,6 +290,29 @@ def test_a_wal_mode_database_is_read_without_creating_files_beside_it(tmp_path, 
     finally:
         runner.close()
     assert folder_digest(db.parent) == before == {"wal.sqlite": before["wal.sqlite"]}
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_database_in_roots_home_is_read_on_every_backend(backend):
+    """A run as root keeps the built-in databases in ``/root/.cache``; docker's image closes ``/root`` to its uid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs to run as root, whose home is /root")
+    folder = Path(tempfile.mkdtemp(prefix="skyrl-sql-test-", dir="/root"))
+    try:
+        folder.chmod(0o755)
+        db = folder / "home.sqlite"
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE t (a INTEGER)")
+            conn.execute("INSERT INTO t VALUES (42)")
+        conn.close()
+        db.chmod(0o644)
+        runner = QueryRunner(SandboxSettings(backend, workers=1))
+        try:
+            assert runner.run(QueryRequest("sqlite", str(db), "SELECT a FROM t", 5.0, 10, 1000)).rows == [(42,)]
+        finally:
+            runner.close()
+    finally:
+        shutil.rmtree(folder)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)

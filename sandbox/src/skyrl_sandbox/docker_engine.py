@@ -80,6 +80,7 @@ def container_settings(program: WorkerProgram, limits: Limits, host_dir: Path) -
 
     mounts = [Mount(f"{INSIDE_LIB}/{name}", str(folder), type="bind", read_only=True)
               for name, folder in program.all_packages.items()]
+    mounts += _root_stand_in(program, host_dir)
     mounts += [Mount(path, path, type="bind", read_only=True) for path in program.read_only]
     mounts.append(Mount(INSIDE_INBOX, str(host_dir / "inbox"), type="bind", read_only=True))
     return {
@@ -100,6 +101,30 @@ def container_settings(program: WorkerProgram, limits: Limits, host_dir: Path) -
         "log_config": LogConfig(type="none"),
         "mounts": mounts,
     }
+
+
+def _root_stand_in(program: WorkerProgram, host_dir: Path) -> list[Any]:
+    """An open, empty ``/root`` for a read-only path under the host's ``/root`` (the cache of a run as root).
+
+    The image's ``/root`` is closed (0700) to the worker's uid, so such a path mounted at the same
+    place could not be reached. The stand-in is read-only inside, so its mount points are made here first.
+    """
+    from docker.types import Mount
+
+    under = [Path(path) for path in program.read_only if path.startswith("/root/")]
+    if not under:
+        return []
+    stand_in = host_dir / "root"
+    for path in under:
+        point = stand_in / path.relative_to("/root")
+        point.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            point.mkdir(exist_ok=True)
+        else:
+            point.touch()
+    for folder, _, _ in os.walk(stand_in):
+        os.chmod(folder, 0o755)
+    return [Mount("/root", str(stand_in), type="bind", read_only=True)]
 
 
 def start_container_worker(program: WorkerProgram, limits: Limits, image: str | None = None) -> ContainerWorker:
