@@ -50,11 +50,26 @@ def test_a_seeded_server_repeats_what_requests_leave_unseeded(tmp_path, new_serv
 def test_request_seeds_depend_on_the_server_seed_the_request_and_its_repeat():
     params = SamplingParams(max_tokens=8, temperature=1.0)
     one, other = ServerSeeds(1), ServerSeeds(2)
-    first, again = one.for_sample(PROMPT, params, 4), one.for_sample(PROMPT, params, 4)
+    first, again = one.for_sample("a", PROMPT, params, 4), one.for_sample("a", PROMPT, params, 4)
     assert first != again
-    assert ServerSeeds(1).for_sample(PROMPT, params, 4) == first
-    assert other.for_sample(PROMPT, params, 4) != first
-    assert ServerSeeds(1).for_sample(PROMPT[:-1], params, 4) != first
-    assert ServerSeeds(1).for_sample(PROMPT, params.model_copy(update={"temperature": 0.5}), 4) != first
+    assert ServerSeeds(1).for_sample("a", PROMPT, params, 4) == first
+    assert other.for_sample("a", PROMPT, params, 4) != first
+    assert ServerSeeds(1).for_sample("a", PROMPT[:-1], params, 4) != first
+    assert ServerSeeds(1).for_sample("a", PROMPT, params.model_copy(update={"temperature": 0.5}), 4) != first
     assert all(0 <= seed < 2**56 for seed in (first, again))
-    assert ServerSeeds(1).for_adapter() == ServerSeeds(1).for_adapter() != ServerSeeds(2).for_adapter()
+    assert ServerSeeds(1).for_adapter("a") == ServerSeeds(1).for_adapter("a") != ServerSeeds(2).for_adapter("a")
+
+
+def test_one_tenants_requests_never_shift_the_seeds_of_another():
+    params = SamplingParams(max_tokens=8, temperature=1.0)
+    alone, shared = ServerSeeds(1), ServerSeeds(1)
+    expected = [alone.for_sample("a", PROMPT, params, 4) for _ in range(3)] + [alone.for_adapter("a") for _ in range(2)]
+    got = []
+    for _ in range(3):
+        shared.for_sample("b", PROMPT, params, 4)  # the same request from another tenant, in between
+        got.append(shared.for_sample("a", PROMPT, params, 4))
+    for _ in range(2):
+        shared.for_adapter("b")
+        got.append(shared.for_adapter("a"))
+    assert got == expected
+    assert ServerSeeds(1).for_sample("b", PROMPT, params, 4) != expected[0]  # and tenants do not share draws

@@ -5,15 +5,15 @@ Without it, a sample request with no ``seed`` draws fresh randomness and a LoRA 
 With it, a sample request gets a seed derived from the server's seed, its prompt, its parameters
 and how many identical requests came before (identical requests are interchangeable, so the
 order in which concurrent ones arrive does not matter), and the n-th adapter created gets the
-n-th adapter seed: the same script against a fresh server repeats itself.
+n-th adapter seed: the same script against a fresh server repeats itself. Both are counted per
+tenant, so what one tenant sends never shifts the seeds another tenant's requests get.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from skyrl_core.engine import SamplingParams
 
@@ -25,11 +25,11 @@ class ServerSeeds:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self._seen: OrderedDict[bytes, int] = OrderedDict()
-        self._adapters = itertools.count()
+        self._adapters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def for_sample(self, prompt: list[int], params: SamplingParams, num_samples: int) -> int:
-        key = _digest(f"sample {self.seed} {num_samples} {params.model_dump_json()} {prompt}".encode())
+    def for_sample(self, tenant: str, prompt: list[int], params: SamplingParams, num_samples: int) -> int:
+        key = _digest(f"sample {self.seed} {tenant!r} {num_samples} {params.model_dump_json()} {prompt}".encode())
         with self._lock:
             repeat = self._seen.pop(key, 0)
             self._seen[key] = repeat + 1
@@ -37,8 +37,11 @@ class ServerSeeds:
                 self._seen.popitem(last=False)
         return _seed(key + repeat.to_bytes(8, "big"))
 
-    def for_adapter(self) -> int:
-        return _seed(f"adapter {self.seed} {next(self._adapters)}".encode())
+    def for_adapter(self, tenant: str) -> int:
+        with self._lock:
+            number = self._adapters[tenant]
+            self._adapters[tenant] += 1
+        return _seed(f"adapter {self.seed} {tenant!r} {number}".encode())
 
 
 def _digest(data: bytes) -> bytes:

@@ -205,7 +205,7 @@ class TinkerService:
                                     "(full fine-tuning, rank 0, is not supported)")
         seed = lora.integer("seed", None)
         if seed is None and self.seeds is not None:
-            seed = self.seeds.for_adapter()
+            seed = self.seeds.for_adapter(tenant)
         spec = AdapterSpec(rank=rank, seed=seed, train_attn=lora.flag("train_attn", True),
                            train_mlp=lora.flag("train_mlp", True))
         model_id = new_run_id()
@@ -492,7 +492,7 @@ class TinkerService:
         n = fields.integer("num_samples", 1, lo=1, hi=MAX_NUM_SAMPLES)
         params = _sampling_params(fields.obj("sampling_params"), n, len(prompt), self.backend.max_context)
         if params.seed is None and self.seeds is not None:
-            params = params.model_copy(update={"seed": self.seeds.for_sample(prompt, params, n)})
+            params = params.model_copy(update={"seed": self.seeds.for_sample(tenant, prompt, params, n)})
         last_n = fields.integer("prompt_logprobs_last_n", None, lo=1, hi=len(prompt) - 1)
         topk = fields.integer("topk_prompt_logprobs", 0, lo=0, hi=MAX_TOPK)
         future = self._new_future(tenant, "sample", session_id, target)
