@@ -16,9 +16,11 @@ an ``InferenceEngine``:
   hold the same ``weight_version`` (else :class:`EngineError`). ``weight_version`` is that common
   version (the lowest one while an update is landing), ``in_flight_updates`` the engines' setting.
 * ``release_memory`` / ``sleep`` / ``wake_up`` (where the engine has them) go to every replica.
-* A replica whose actor dies fails the requests it holds, and any sent to it, with :class:`EngineError`
-  naming the replica; it is then left out: its sessions move to live replicas and weight updates skip
-  it (a warning says so). With no live replica left every call fails. :meth:`replica_stats` (and
+* A replica whose actor dies is left out: its sessions move to live replicas and weight updates skip
+  it (a warning says so). The requests it held, and any sent to it before its death was known, are sent
+  again to a live replica: nothing of them reached the caller, and a request carries all the context
+  it needs, so an episode goes on instead of being lost. With no live replica left every call fails
+  with :class:`EngineError` naming the replicas. :meth:`replica_stats` (and
   :meth:`engine_metrics`, logged by the trainer each step) report requests served and failed per replica.
 
 Replica ``i`` gets the engine config with ``seed + i`` (when it has an int ``seed``), so requests that
@@ -164,20 +166,23 @@ class RayEngineReplicas(RemoteEngineClient):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         self._check()
-        index = self._router.pick(params.session_id, self._alive())
-        replica = self.replicas[index]
-        try:
-            out = await replica.generate(prompt_ids, params)
-        except asyncio.CancelledError:
-            self._router.finish(index, None)
-            raise
-        except BaseException:
-            self._router.finish(index, False)
-            self._note_death(index)
-            raise
-        self._router.finish(index, True)
-        out.metadata["replica"] = index
-        return out
+        while True:
+            index = self._router.pick(params.session_id, self._alive())
+            replica = self.replicas[index]
+            try:
+                out = await replica.generate(prompt_ids, params)
+            except asyncio.CancelledError:
+                self._router.finish(index, None)
+                raise
+            except BaseException:
+                self._router.finish(index, False)
+                self._note_death(index)
+                if replica.failure is None or not any(self._alive()):
+                    raise  # the request's own error, or the last replica gone
+                continue  # its replica died under it: again, on a live one
+            self._router.finish(index, True)
+            out.metadata["replica"] = index
+            return out
 
     async def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Put the weights in Ray's object store once and load them into every live replica (one update
