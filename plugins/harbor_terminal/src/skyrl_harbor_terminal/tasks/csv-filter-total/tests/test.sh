@@ -1,9 +1,6 @@
 #!/bin/bash
 # Verifier (runs as root after the agent). Agent files are only read as data.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
+. /tests/verifier.sh || exit 1
 plain() { [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 65536 ]; }
 
 plain /app/west.csv || fail "/app/west.csv is missing, not a regular file or too large"

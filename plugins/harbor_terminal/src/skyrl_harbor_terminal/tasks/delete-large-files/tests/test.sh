@@ -2,6 +2,5 @@
 # Verifier (runs as root after the agent). tree_check.py, a test helper shared by the built-in tasks
 # ([metadata.skyrl] test_helpers), only reads the agent's files; the expected names and contents are
 # hard-coded in expected_tree.json.
-echo 0 > /logs/verifier/reward.txt
-cd / || exit 0
-timeout 20 python3 -I /tests/tree_check.py /tests/expected_tree.json && echo 1 > /logs/verifier/reward.txt
+. /tests/verifier.sh || exit 1
+timeout 20 python3 -I /tests/tree_check.py /tests/expected_tree.json && echo 1 > "$REWARD"

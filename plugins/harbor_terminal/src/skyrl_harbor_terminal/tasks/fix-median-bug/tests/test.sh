@@ -2,19 +2,7 @@
 # Verifier (runs as root after the agent). The agent's module is imported only as the unprivileged
 # user `agent` (when there is one), under a timeout; its output is data, compared by root with
 # medians computed here by Python's statistics module on cases the agent never saw.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
-as_agent() {
-    if [ "$(id -u)" = 0 ] && id agent >/dev/null 2>&1; then
-        setpriv --reuid=agent --regid=agent --clear-groups -- "$@"
-    else
-        "$@"
-    fi
-}
-# The agent's code must not be able to read this folder.
-chmod -R go-rwx /tests 2>/dev/null
+. /tests/verifier.sh || exit 1
 
 [ -f /app/stats.py ] && [ ! -L /app/stats.py ] || fail "/app/stats.py is missing or not a regular file"
 

@@ -2,10 +2,7 @@
 # Verifier (runs as root after the agent). The agent's repository is never used in place: its
 # objects and refs are copied into a fresh root-owned bare repository (no agent config, hooks or
 # worktree), and only read with git plumbing there.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
+. /tests/verifier.sh || exit 1
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0
 
 BASE=22438424d2f8e6c05d96bcce7ae8a3466b6a0c0c   # "Add app entry point", the tip of main

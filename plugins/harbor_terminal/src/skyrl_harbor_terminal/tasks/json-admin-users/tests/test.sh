@@ -1,13 +1,9 @@
 #!/bin/bash
 # Verifier (runs as root after the agent). Agent files are only read as data.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
+. /tests/verifier.sh || exit 1
 
 F=/app/admins.txt
-[ -f "$F" ] && [ ! -L "$F" ] || fail "$F is missing or not a regular file"
-[ "$(stat -c %s "$F")" -le 4096 ] || fail "$F is too large"
+small_file "$F" 4096
 expected='Aoife
 Hyejin
 Ingrid

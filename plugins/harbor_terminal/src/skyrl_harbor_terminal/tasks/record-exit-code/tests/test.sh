@@ -1,10 +1,7 @@
 #!/bin/bash
 # Verifier (runs as root after the agent). Agent files are only read as data; the expected
 # numbers are those of the unmodified program on the unmodified data.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
+. /tests/verifier.sh || exit 1
 number_in() {
     [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 64 ] || return 1
     tr -d '[:space:]' < "$1"

@@ -1,9 +1,6 @@
 #!/bin/bash
 # Step 2 verifier (root, after the agent). The agent's file is only read as data.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
+. /tests/verifier.sh || exit 1
 
 summary=/app/summary.txt
 [ -f "$summary" ] && [ ! -L "$summary" ] || fail "$summary is not a regular file"

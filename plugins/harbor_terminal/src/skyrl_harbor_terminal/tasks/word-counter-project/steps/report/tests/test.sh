@@ -1,13 +1,9 @@
 #!/bin/bash
 # Step 3 verifier (runs as root after the agent). Agent files are only read as data.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
+. /tests/verifier.sh || exit 1
 
 F=/app/project/report.txt
-[ -f "$F" ] && [ ! -L "$F" ] || fail "$F is missing or not a regular file"
-[ "$(stat -c %s "$F")" -le 4096 ] || fail "$F is too large"
+small_file "$F" 4096
 expected='alpha.txt 9
 beta.txt 8
 gamma.txt 15'

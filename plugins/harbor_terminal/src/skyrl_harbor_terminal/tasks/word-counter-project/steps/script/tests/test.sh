@@ -2,18 +2,7 @@
 # Step 2 verifier (runs as root after the agent). The agent's script is run only as the
 # unprivileged user `agent` (when there is one), under a timeout, on a folder of files it has
 # never seen; its output is compared with counts hard-coded here.
-REWARD=/logs/verifier/reward.txt
-echo 0 > "$REWARD"
-fail() { echo "FAIL: $*"; exit 0; }
-cd / || exit 0
-as_agent() {
-    if [ "$(id -u)" = 0 ] && id agent >/dev/null 2>&1; then
-        setpriv --reuid=agent --regid=agent --clear-groups -- "$@"
-    else
-        "$@"
-    fi
-}
-chmod -R go-rwx /tests 2>/dev/null
+. /tests/verifier.sh || exit 1
 
 S=/app/project/bin/count_words.sh
 [ -f "$S" ] && [ ! -L "$S" ] || fail "$S is missing or not a regular file"
