@@ -55,12 +55,13 @@ async def _all(*calls):
 
 
 async def _decodes(engine) -> list[int]:
-    """Decodes each replica's engine has started so far."""
-    return [len(sizes) for sizes in await engine.remote_attr("batch_sizes")]
+    """Tokens each replica's engine has sampled so far (steps: every row of a step samples one)."""
+    return await engine.remote_attr("sampling_steps")
 
 
 async def _decoding(engine, before: list[int], replicas=(0, 1), timeout: float = 60.0) -> None:
-    """Wait until each of ``replicas`` started a decode after ``before`` (from :func:`_decodes`)."""
+    """Wait until each of ``replicas`` sampled a token after ``before`` (from :func:`_decodes`): its request
+    is decoding, past the prefill (a decode that has only started may still take an update before it)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         now = await _decodes(engine)

@@ -159,6 +159,7 @@ class HFEngine:
         # transformers 5 renamed the KV-cache argument ``past_key_values`` to ``cache``.
         self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.weight_version = 0
+        self.sampling_steps = 0  # steps that sampled a token for every row (for tests: "decoding by now")
         self.packed = PackedLinears(model, enabled=config.packed_weights)
         self._seeds = random.Random(config.seed)
         self._batcher: ContinuousBatcher[_Request, GenerateOutput] = ContinuousBatcher(
@@ -274,6 +275,7 @@ class HFEngine:
                     self.config.in_flight_updates == "recompute":
                 batch = self._recompute(batch)
             tokens, logprobs = sample_next(batch.logits, [r.row for r in batch.rows], self.config.logprobs_mode)
+            self.sampling_steps += 1
             keep = []
             for i, (request, token, logprob) in enumerate(
                     zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True)):
