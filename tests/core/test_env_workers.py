@@ -13,7 +13,7 @@ from typing import Any
 import core_envs
 import pytest
 from core_envs import CountdownEnv, TestEnvsPlugin
-from skyrl_core import EnvSpec, StepResult, hookimpl
+from skyrl_core import EnvSpec, StepResult, hookimpl, ray_cluster
 from skyrl_core.factory import ConfigError
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.testing.scripted_engine import GatedEngine, ScriptedEngine
@@ -59,7 +59,7 @@ def local_ray():
         cloudpickle.register_pickle_by_value(module)
     ray.init(num_cpus=2, resources={"bwrap": 8}, include_dashboard=False, log_to_driver=False)
     yield
-    ray.shutdown()
+    ray_cluster.disconnect(True)
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from rlm_helpers import CONTEXT_TASK
+from skyrl_core import ray_cluster
 from test_rlm_tree import coordinator, make_generator
 
 ray = pytest.importorskip("ray")
@@ -15,7 +16,7 @@ ray = pytest.importorskip("ray")
 def local_ray():
     ray.init(num_cpus=2, resources={"bwrap": 4}, include_dashboard=False, log_to_driver=False)
     yield
-    ray.shutdown()
+    ray_cluster.disconnect(True)
 
 
 def tree(batch):

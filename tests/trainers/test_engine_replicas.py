@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
+from skyrl_core import ray_cluster
 from skyrl_core.engine import EngineError, SamplingParams
 from skyrl_core.factory import ConfigError
 from skyrl_trainers.engine_setup import build_engine
@@ -33,7 +34,7 @@ def local_ray():
         pytest.skip("another test left Ray running")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
-    ray.shutdown()
+    ray_cluster.disconnect(True)
 
 
 @pytest.fixture(scope="module")

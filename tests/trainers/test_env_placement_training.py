@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from skyrl_core import ray_cluster
 from trainer_support import read_metrics
 
 ray = pytest.importorskip("ray")
@@ -16,7 +17,7 @@ ray = pytest.importorskip("ray")
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
-    ray.shutdown()
+    ray_cluster.disconnect(True)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from skyrl_core import ray_cluster
 from skyrl_trainers.trainer import FSDPGRPOTrainer
 from trainer_support import read_metrics
 
@@ -16,7 +17,7 @@ def test_two_rank_cpu_job_on_local_ray(run_config):
         summary = FSDPGRPOTrainer(cfg).fit()
         groups = list(ray.util.placement_group_table().values())
     finally:
-        ray.shutdown()
+        ray_cluster.disconnect(True)
     assert summary["steps"] == 2
     run_dir = Path(cfg.run.output_dir)
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from skyrl_core import ray_cluster
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.testing.scripted_engine import GatedEngine
 from skyrl_core.testing.tokenizers import make_tokenizer
@@ -91,7 +92,7 @@ def cluster():
                   '--resources={"bwrap": 4}')
         if not os.environ.get("RAY_AUTH_MODE"):  # a local ray.init turns this process's token mode on
             ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-            ray.shutdown()
+            ray_cluster.disconnect(True)
         ray.init(address=address, log_to_driver=False)
         nodes = {}
         deadline = time.monotonic() + 60
@@ -105,7 +106,7 @@ def cluster():
         assert set(nodes) == {"head", "a", "b"}, f"the cluster did not come up: {ray.nodes()}"
         yield Cluster(address, root, nodes, ports)
     finally:
-        ray.shutdown()
+        ray_cluster.disconnect(True)
         stop(root)
         shutil.rmtree(root, ignore_errors=True)
 

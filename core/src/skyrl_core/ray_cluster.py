@@ -8,6 +8,7 @@ instance whose node advertises this machine's :func:`~skyrl_core.nodes.node_reso
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from types import ModuleType
@@ -48,10 +49,16 @@ def connect(address: str | None = None, *, what: str = "Ray placement", num_cpus
 
 
 def disconnect(owned: bool) -> None:
-    """Shut Ray down if :func:`connect` started or joined it for this run."""
+    """Shut Ray down if :func:`connect` started or joined it for this run (or whoever owns it says so).
+
+    Garbage is collected first: an actor handle or object ref freed after ``ray.shutdown`` (a reference
+    cycle, say a failed task's traceback, that a later collection frees in any thread) makes Ray end the
+    whole process ("the core worker has already been shutdown").
+    """
     if owned:
         import ray
 
+        gc.collect()
         ray.shutdown()
 
 

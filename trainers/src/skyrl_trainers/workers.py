@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
+from skyrl_core import ray_cluster
 from skyrl_core.factory import ConfigError
 
 from skyrl_trainers.worker import TrainWorker, WorkerSpec, resolve_device, worker_threads
@@ -208,7 +209,7 @@ class RayWorkerGroup:
             self._ray.kill(actor)
         self._remove_pg(self.pg)
         if self._owns_ray:
-            self._ray.shutdown()
+            ray_cluster.disconnect(True)
 
     def close(self) -> None:
         try:

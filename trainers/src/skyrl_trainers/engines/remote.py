@@ -580,4 +580,4 @@ class RayEngine(RemoteEngineClient):
         except Exception:  # noqa: BLE001
             pass
         if self._owns_ray:
-            self._ray.shutdown()
+            ray_cluster.disconnect(True)

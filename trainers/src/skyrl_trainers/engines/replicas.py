@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from skyrl_core import ray_cluster
 from skyrl_core.engine import EngineError, GenerateOutput, SamplingParams
 
 from skyrl_trainers.engines.remote import (
@@ -177,8 +178,8 @@ class RayEngineReplicas(RemoteEngineClient):
             except BaseException:
                 self._router.finish(index, False)
                 self._note_death(index)
-                if replica.failure is None or not any(self._alive()):
-                    raise  # the request's own error, or the last replica gone
+                if replica.failure is None or not any(self._alive()) or self._closed or not self._ray.is_initialized():
+                    raise  # the request's own error, the last replica gone, or the client (or Ray) shut down
                 continue  # its replica died under it: again, on a live one
             self._router.finish(index, True)
             out.metadata["replica"] = index
@@ -345,4 +346,4 @@ class RayEngineReplicas(RemoteEngineClient):
             self._pg = None
         if self._owns_ray:
             self._owns_ray = False
-            self._ray.shutdown()
+            ray_cluster.disconnect(True)
