@@ -73,3 +73,16 @@ def test_one_tenants_requests_never_shift_the_seeds_of_another():
         got.append(shared.for_adapter("a"))
     assert got == expected
     assert ServerSeeds(1).for_sample("b", PROMPT, params, 4) != expected[0]  # and tenants do not share draws
+
+
+def test_another_tenants_flood_never_evicts_a_tenants_repeat_counts(monkeypatch):
+    import skyrl_tinker.seeds as seeds
+
+    monkeypatch.setattr(seeds, "_REMEMBERED", 4)
+    params = SamplingParams(max_tokens=8, temperature=1.0)
+    server = ServerSeeds(1)
+    first = server.for_sample("a", PROMPT, params, 4)
+    for token in range(10):  # more distinct requests than are remembered
+        server.for_sample("b", [token], params, 4)
+    assert server.for_sample("a", PROMPT, params, 4) != first  # a's repeat was still counted
+

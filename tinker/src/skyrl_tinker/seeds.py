@@ -17,24 +17,25 @@ from collections import Counter, OrderedDict
 
 from skyrl_core.engine import SamplingParams
 
-_REMEMBERED = 65_536  # distinct requests whose repeat count is kept (the oldest are forgotten first)
+_REMEMBERED = 65_536  # distinct requests of a tenant whose repeat count is kept (the oldest are forgotten first)
 _SEED_BYTES = 7  # seeds below 2**56: sample i of a request uses seed + i, which must fit an int64
 
 
 class ServerSeeds:
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self._seen: OrderedDict[bytes, int] = OrderedDict()
+        self._seen: dict[str, OrderedDict[bytes, int]] = {}  # per tenant: one cannot evict another's counts
         self._adapters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def for_sample(self, tenant: str, prompt: list[int], params: SamplingParams, num_samples: int) -> int:
         key = _digest(f"sample {self.seed} {tenant!r} {num_samples} {params.model_dump_json()} {prompt}".encode())
         with self._lock:
-            repeat = self._seen.pop(key, 0)
-            self._seen[key] = repeat + 1
-            if len(self._seen) > _REMEMBERED:
-                self._seen.popitem(last=False)
+            seen = self._seen.setdefault(tenant, OrderedDict())
+            repeat = seen.pop(key, 0)
+            seen[key] = repeat + 1
+            if len(seen) > _REMEMBERED:
+                seen.popitem(last=False)
         return _seed(key + repeat.to_bytes(8, "big"))
 
     def for_adapter(self, tenant: str) -> int:
