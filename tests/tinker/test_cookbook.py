@@ -19,6 +19,8 @@ import logging
 import math
 import os
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,29 @@ def _conversation(question: str, answer: str) -> list[dict[str, str]]:
 
 def _metrics(log_path: Path) -> list[dict]:
     return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+
+
+@contextmanager
+def cookbook_clients_closed() -> Iterator[list]:
+    """The ``ServiceClient``s the cookbook makes inside, closed on the way out.
+
+    The cookbook never closes its client, so its session heartbeat would outlive the server and warn
+    about a dead port for the rest of the run; leave this before the server stops.
+    """
+    made = []
+
+    class Recorded(tinker.ServiceClient):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tinker, "ServiceClient", Recorded)
+        try:
+            yield made
+        finally:
+            for client in made:
+                client.close("success").result(timeout=60)
 
 
 def _final_checkpoint(log_path: Path) -> dict:
@@ -98,7 +123,8 @@ def test_cookbook_sl_train_learns_a_conversation_file(server, service_client, tm
                              renderer_name=RENDERER, dataset_builder=builder, learning_rate=1e-2,
                              lr_schedule="constant", num_epochs=24, lora_rank=16, base_url=server.url,
                              save_every=10, eval_every=8)
-    asyncio.run(sl_train.main(config))
+    with cookbook_clients_closed():
+        asyncio.run(sl_train.main(config))
 
     metrics = _metrics(log_path)
     assert [m["step"] for m in metrics] == list(range(24))
@@ -124,11 +150,11 @@ def test_cookbook_sl_train_learns_a_conversation_file(server, service_client, tm
 
 
 def test_cookbook_rl_train_learns_the_format_reward(new_server, tmp_path):
-    server = new_server(tmp_path / "checkpoints")  # fresh and seeded: the run's samples and LoRA init repeat
-    try:
-        _rl_train_learns_the_format_reward(server, tmp_path)
-    finally:
-        server.stop()
+    # fresh and seeded: the run's samples and LoRA init repeat
+    with new_server(tmp_path / "checkpoints") as server:
+        with cookbook_clients_closed() as made:
+            _rl_train_learns_the_format_reward(server, tmp_path)
+        assert len(made) == 1 and len(server.service.sessions) == 0  # its session ended before the server
 
 
 def _rl_train_learns_the_format_reward(server, tmp_path):
