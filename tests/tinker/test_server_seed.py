@@ -85,4 +85,3 @@ def test_another_tenants_flood_never_evicts_a_tenants_repeat_counts(monkeypatch)
     for token in range(10):  # more distinct requests than are remembered
         server.for_sample("b", [token], params, 4)
     assert server.for_sample("a", PROMPT, params, 4) != first  # a's repeat was still counted
-

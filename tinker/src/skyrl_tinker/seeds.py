@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 
 from skyrl_core.engine import SamplingParams
 
@@ -24,14 +24,14 @@ _SEED_BYTES = 7  # seeds below 2**56: sample i of a request uses seed + i, which
 class ServerSeeds:
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self._seen: dict[str, OrderedDict[bytes, int]] = {}  # per tenant: one cannot evict another's counts
+        self._seen: defaultdict[str, OrderedDict[bytes, int]] = defaultdict(OrderedDict)  # per tenant: none evicts another's counts
         self._adapters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def for_sample(self, tenant: str, prompt: list[int], params: SamplingParams, num_samples: int) -> int:
         key = _digest(f"sample {self.seed} {tenant!r} {num_samples} {params.model_dump_json()} {prompt}".encode())
         with self._lock:
-            seen = self._seen.setdefault(tenant, OrderedDict())
+            seen = self._seen[tenant]
             repeat = seen.pop(key, 0)
             seen[key] = repeat + 1
             if len(seen) > _REMEMBERED:

@@ -208,8 +208,7 @@ class RayWorkerGroup:
         for actor in self.actors:
             self._ray.kill(actor)
         self._remove_pg(self.pg)
-        if self._owns_ray:
-            ray_cluster.disconnect(True)
+        ray_cluster.disconnect(self._owns_ray)
 
     def close(self) -> None:
         try:

@@ -579,5 +579,4 @@ class RayEngine(RemoteEngineClient):
             self._ray.kill(self._actor)
         except Exception:  # noqa: BLE001
             pass
-        if self._owns_ray:
-            ray_cluster.disconnect(True)
+        ray_cluster.disconnect(self._owns_ray)
