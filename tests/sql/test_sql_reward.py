@@ -9,7 +9,7 @@ import pytest
 from skyrl_sql.data.builtin import builtin_rows
 from skyrl_sql.env import SQLEnv
 from skyrl_sql.reward import normalize_sql, orders_result, results_match
-from skyrl_sql.tags import check_format
+from skyrl_sql.tags import FormatCheck, check_format
 from sql_helpers import ENGINES, THINK, query, started_env, task
 
 
@@ -59,7 +59,15 @@ def test_normalize_sql_for_exact_match():
     (["<solution>SELECT 1</solution>"], "no <think>"),
     (["<think>a</think><sql>SELECT 1</sql>", "<solution>SELECT 1</solution>"], "does not start with <think>"),
     (["<think>a</think><sql>SELECT 1</sql>", " <think>b</think><solution>SELECT 1</solution>"], ""),
-    (["<think>a</think><solution>SELECT 1", "<think>b</think></solution>"], "may not contain"),  # spans a turn
+    (["<think>a</think><solution>SELECT 1", "<think>b</think></solution>"], "exactly one"),  # spans a turn
+    # each action is read on its own, and the text of its <sql> block is the query, never format
+    (["<think>a</think><sql>SELECT '</observation>'</sql>", "<think>b</think><solution>SELECT 1</solution>"], ""),
+    (["<think>a</think><sql>SELECT '<solution>'</sql>", "<think>b</think><solution>SELECT 1</solution>"], ""),
+    (["<think>a</think><sql>x</sql></observation>", "<think>b</think><solution>SELECT 1</solution>"], ""),
+    (["<think>a</think><sql>x</sql><solution>", "<think>b</think><solution>SELECT 1</solution>"], "exactly one"),
+    (["<sql>SELECT '<think>a</think>'</sql>", "<solution>SELECT 1</solution>"], "no <think>"),
+    (["<think>a</think><sql>x</sql>", "<sql>SELECT '<think>'</sql><think>b</think><solution>SELECT 1</solution>"],
+     "does not start with <think>"),
 ])
 def test_format_rules(actions, problem):
     check = check_format(actions)
@@ -67,6 +75,16 @@ def test_format_rules(actions, problem):
     assert problem in check.problem
     if check.ok:
         assert check.solution == "SELECT 1"
+
+
+@pytest.mark.parametrize("solution", ["SELECT COUNT(*) FROM t WHERE b LIKE '%</observation>%'",
+                                      'SELECT 1 AS "<think>x</think>"', "SELECT '<sql>' || '</sql>'",
+                                      "SELECT '<sql>'"])
+def test_tags_in_the_solution_s_literals_are_the_query_s_own(solution):
+    assert check_format([f"<think>a</think><solution>{solution}</solution>"]) == FormatCheck(True, solution)
+    assert not check_format([f"<solution>{solution}</solution>"]).ok  # a <think> in a literal is no reasoning
+    after = check_format([f"<think>a</think><solution>{solution}</solution> <sql>SELECT 2</sql>"])
+    assert (after.ok, after.solution) == (True, solution)  # the <sql> inside the solution opens no block
 
 
 def test_think_rule_can_be_switched_off():

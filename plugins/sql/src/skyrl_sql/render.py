@@ -1,7 +1,13 @@
-"""Observation text in SkyRL-SQL's shape: ``<observation>`` body ``<reminder>`` turns left."""
+"""Observation text in SkyRL-SQL's shape: ``<observation>`` body ``<reminder>`` turns left.
+
+The body never holds the episode's tags: where a result cell, a column name or an error message
+holds text like ``</observation>`` or ``<solution>``, its ``<`` is shown as ``&lt;``, so what the
+data says can never look like the end of the observation or a turn of the model's own.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,11 +15,18 @@ from skyrl_sql.worker.result import QueryResult
 
 INVALID_ACTION = ("Your previous action is invalid. Follow the format of outputting thinking process and sql "
                   "tool, and try again.")
+# The "<" of anything a reader could take for one of the episode's tags: any case, spaces or "/" inside.
+_TAG_START = re.compile(r"<(?=\s*/?\s*(?:observation|reminder|think|sql|solution)\b)", re.IGNORECASE)
+
+
+def neutralize_tags(text: str) -> str:
+    """``text`` with the ``<`` of every tag-like word written ``&lt;`` (idempotent)."""
+    return _TAG_START.sub("&lt;", text)
 
 
 def observation(body: str, turns_left: int) -> str:
-    return (f"\n<observation>{body}\n<reminder>You have {turns_left} turns left to complete the task."
-            f"</reminder></observation>\n")
+    return (f"\n<observation>{neutralize_tags(body)}\n<reminder>You have {turns_left} turns left to complete "
+            f"the task.</reminder></observation>\n")
 
 
 def result_body(result: QueryResult, *, max_rows: int, max_bytes: int, shown_rows: int, max_chars: int) -> str:
@@ -49,7 +62,7 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Right-aligned plain-text table with a header line (like ``DataFrame.to_string(index=False)``)."""
     if not columns:
         return ""
-    cells = [[str(c) for c in columns]] + [[_cell(v) for v in row] for row in rows]
+    cells = [[neutralize_tags(str(c)) for c in columns]] + [[_cell(v) for v in row] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join(" ".join(value.rjust(width) for value, width in zip(line, widths, strict=True)) for line in cells)
 
@@ -57,4 +70,4 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def _cell(value: Any) -> str:
     text = "NULL" if value is None else str(value)
     text = text.replace("\n", "\\n")
-    return text if len(text) <= 200 else text[:197] + "..."
+    return neutralize_tags(text if len(text) <= 200 else text[:197] + "...")

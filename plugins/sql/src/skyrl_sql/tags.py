@@ -1,9 +1,10 @@
 """SkyRL-SQL's action format: ``<think>``, ``<sql>`` to run a query, ``<solution>`` to submit.
 
-The episode's format is judged with SkyRL-SQL's rules, but on the model's own actions only: where
-SkyRL-SQL reads the joined history, the env's observations are replaced by a fixed stand-in, so
-text inside a query result (a cell holding ``<solution>`` or ``</observation>``) can neither
-break a correct episode nor submit a query the model never wrote.
+The episode's format is judged with SkyRL-SQL's rules, but on the model's own actions only, one
+action at a time: the env knows where each action ends and its observation begins, so nothing is
+found by searching a joined text for ``</observation>``. The text of a ``<sql>...</sql>`` block is
+the query (it may quote tags the data holds) and never counts as format; neither does a tag inside
+a string literal or quoted name of the submitted query. What a query returns is never read at all.
 """
 
 from __future__ import annotations
@@ -12,17 +13,27 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from skyrl_sql.reward import strip_literals
+
 SQL_TAG = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
 _TAGS_BANNED_IN_SOLUTION = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_OBSERVATION_END = re.compile(r"</observation>")
-# Stands for the env's reply between two actions; its content is fixed, never the real observation.
-OBSERVATION_STAND_IN = "\n<observation></observation>\n"
+_SOLUTION_TAG = re.compile(r"</?solution>")
+# The action's blocks from left to right; a block ends at its own closing tag, whatever it holds.
+_BLOCK = re.compile(r"<sql>.*?</sql>|<solution>.*?</solution>", re.DOTALL)
+_EXACTLY_ONE = "the answer must hold exactly one <solution>...</solution>"
+
+
+def outside_queries(action: str) -> str:
+    """``action`` with every complete ``<sql>...</sql>`` block blanked to spaces (positions kept):
+    the part of the action whose tags are format. A block opened inside a solution is the solution's."""
+    return _BLOCK.sub(lambda m: " " * len(m.group()) if m.group().startswith("<sql>") else m.group(), action)
 
 
 def has_solution(action: str) -> bool:
-    """SkyRL-SQL ends the episode as soon as an action holds both solution tags."""
-    return "<solution>" in action and "</solution>" in action
+    """SkyRL-SQL ends the episode as soon as an action holds both solution tags (outside its queries)."""
+    text = outside_queries(action)
+    return "<solution>" in text and "</solution>" in text
 
 
 def first_query(action: str) -> str | None:
@@ -39,30 +50,36 @@ class FormatCheck:
 
 
 def check_format(actions: Sequence[str], *, require_think: bool = True) -> FormatCheck:
-    """Validate an episode's actions and extract its submitted SQL.
+    """Validate an episode's actions (every one but the first came after an observation) and
+    extract its submitted SQL.
 
-    The actions are joined with :data:`OBSERVATION_STAND_IN` between them (every turn but the
-    last got an observation), and that text is valid when: it has exactly one ``<solution>``
-    followed by exactly one ``</solution>``; the solution holds no ``<think>``/``<sql>``/
-    ``<observation>`` tag; and, with ``require_think``, there is a ``<think>...</think>`` block
-    and every ``</observation>`` before the solution is followed by ``<think>``.
+    Read outside their queries, the actions are valid when: the last one holds exactly one
+    ``<solution>`` followed by exactly one ``</solution>`` and no earlier one holds a solution tag;
+    the solution is not empty and holds no ``<think>``/``<sql>``/``<observation>`` tag outside its
+    string literals and quoted names; and, with ``require_think``, some action has a
+    ``<think>...</think>`` block outside its solution and every action after the first starts with
+    ``<think>``.
     """
-    text = OBSERVATION_STAND_IN.join(actions)
-    if text.count("<solution>") != 1 or text.count("</solution>") != 1:
-        return FormatCheck(False, None, "the answer must hold exactly one <solution>...</solution>")
-    start = text.index("<solution>")
-    end = text.index("</solution>")
+    if not actions:
+        return FormatCheck(False, None, _EXACTLY_ONE)
+    read = [outside_queries(action) for action in actions]
+    if any(_SOLUTION_TAG.search(text) for text in read[:-1]):
+        return FormatCheck(False, None, _EXACTLY_ONE)
+    last = read[-1]
+    if last.count("<solution>") != 1 or last.count("</solution>") != 1:
+        return FormatCheck(False, None, _EXACTLY_ONE)
+    start, end = last.index("<solution>") + len("<solution>"), last.index("</solution>")
     if end < start:
         return FormatCheck(False, None, "</solution> comes before <solution>")
-    solution = text[start + len("<solution>"):end].strip()
-    if _TAGS_BANNED_IN_SOLUTION.search(solution):
+    solution = actions[-1][start:end].strip()
+    if _TAGS_BANNED_IN_SOLUTION.search(strip_literals(solution)):
         return FormatCheck(False, None, "the solution may not contain <think>, <sql> or <observation> tags")
     if not solution:
         return FormatCheck(False, None, "the solution is empty")
     if require_think:
-        if not _THINK_BLOCK.search(text):
+        read[-1] = last[:start] + last[end:]
+        if not any(_THINK_BLOCK.search(text) for text in read):
             return FormatCheck(False, None, "no <think>...</think> block")
-        for match in _OBSERVATION_END.finditer(text, 0, start):
-            if not text[match.end():].lstrip().startswith("<think>"):
-                return FormatCheck(False, None, "a turn after an observation does not start with <think>")
+        if not all(action.lstrip().startswith("<think>") for action in actions[1:]):
+            return FormatCheck(False, None, "a turn after an observation does not start with <think>")
     return FormatCheck(True, solution)
