@@ -2,9 +2,12 @@
 actors and the :class:`RemoteEnv` that stands in for one env living in one of them.
 
 Placement: every worker asks Ray for the custom resources its env declares
-(:meth:`TextEnv.ray_resources`, e.g. ``{"docker": 1}``) and is pinned to a live node that advertises
+(:meth:`TextEnv.ray_resources`, e.g. ``{"docker": 1}``) and is pinned to a live node that offers CPU
+(a worker runs the env's Python; a head started with ``--num-cpus 0`` hosts none) and advertises
 them (``ray start --resources "$(skyrl node-resources)"``): the one with room that hosts the fewest of
-the pool's workers for its size, so workers spread over the nodes. A worker hosts up to
+the pool's workers for its size (ties: the lowest node id), so workers spread over the nodes. A worker
+reserves no CPU (``num_cpus=0``, unless the env's resources name ``CPU``), so env workers never hold
+back an engine or trainer actor that asks for all of a node's cores. A worker hosts up to
 ``envs_per_worker`` envs; the pool starts workers as episodes need them, up to ``max_env_workers`` and
 to what the nodes offer, and an episode waits for a free slot beyond that.
 
@@ -94,26 +97,36 @@ class RayEnvPool:
 
     # -- placement ----------------------------------------------------------------------------
 
+    def _live_nodes(self) -> list[dict[str, Any]]:
+        """The cluster's live nodes, by node id (the order placement breaks ties in, whatever Ray lists first)."""
+        return sorted((node for node in self.ray.nodes() if node.get("Alive")), key=lambda node: node["NodeID"])
+
     def _node_slots(self) -> dict[str, int]:
-        """Env workers each live node can host: the fewest of ``total // amount`` over the declared resources
-        (``max_workers`` on every node for an env that declares none)."""
-        slots = {}
-        for node in self.ray.nodes():
-            if not node.get("Alive"):
-                continue
-            have = node.get("Resources", {})
-            counts = [math.floor(float(have.get(name, 0.0)) / amount) for name, amount in self.resources.items()
-                      if amount > 0]
-            slots[node["NodeID"]] = min(counts) if counts else self.max_workers
+        """Env workers each live node can host (:func:`_worker_slots`), for the nodes that can host any and
+        are not suspect, by node id."""
         now = time.monotonic()
+        slots = {node["NodeID"]: _worker_slots(node.get("Resources", {}), self.resources, self.max_workers)
+                 for node in self._live_nodes()}
         return {node: count for node, count in slots.items() if count > 0 and self._suspect.get(node, 0.0) <= now}
 
     def _check_cluster(self) -> None:
         if not self._node_slots():
-            raise ConfigError(
-                f"env {self.env_cls.__name__} needs Ray resources {_show(self.resources)} per env worker but no live "
-                f"node of the cluster offers them (cluster: {_show(self.ray.cluster_resources())}); start nodes with "
-                f"`ray start --resources \"$(skyrl node-resources)\"`, or set generator.env_resources")
+            raise ConfigError(self._placement_problem())
+
+    def _placement_problem(self) -> str:
+        """Why no live node can host an env worker: no node offers CPU, or none with CPU offers the resources."""
+        offered = [node.get("Resources", {}) for node in self._live_nodes()]
+        with_cpu = [have for have in offered if _offers_cpu(have)]
+        if not with_cpu:
+            return (f"no live node of the Ray cluster offers CPU, and an env worker runs the env's Python on its node "
+                    f"(a head started with `ray start --head --num-cpus 0` hosts none; cluster: "
+                    f"{_show(_total(offered))}): join a node with CPUs, `ray start --address=HEAD:6379 --resources "
+                    f"\"$(skyrl node-resources)\"`")
+        without_cpu = [have for have in offered if not _offers_cpu(have)]
+        aside = f"; nodes without CPU, which host no env workers: {_show(_total(without_cpu))}" if without_cpu else ""
+        return (f"env {self.env_cls.__name__} needs Ray resources {_show(self.resources)} per env worker but no live "
+                f"node of the cluster offers them together with CPU (nodes with CPU: {_show(_total(with_cpu))}{aside}); "
+                f"start nodes with `ray start --resources \"$(skyrl node-resources)\"`, or set generator.env_resources")
 
     def _start_worker(self) -> _Worker | None:
         """A new worker on the live node with room that hosts the fewest of ours, or ``None`` when none has room."""
@@ -127,10 +140,10 @@ class RayEnvPool:
         room = {node: slots for node, slots in self._node_slots().items() if used.get(node, 0) < slots}
         if not room:
             return None
-        node = min(room, key=lambda n: (used.get(n, 0) / room[n], used.get(n, 0)))
+        node = min(room, key=lambda n: (used.get(n, 0) / room[n], used.get(n, 0), n))
         self.started += 1
         actor = self.ray.remote(EnvWorker).options(
-            num_cpus=0, resources=self.resources, max_restarts=0, max_concurrency=max(64, 4 * self.envs_per_worker),
+            **_ray_request(self.resources), max_restarts=0, max_concurrency=max(64, 4 * self.envs_per_worker),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         ).remote(self.env_cls, self.env_config)
         worker = _Worker(actor, actor.describe.remote(), self.started, node)
@@ -156,8 +169,7 @@ class RayEnvPool:
                 if any(deadline > time.monotonic() for deadline in self._suspect.values()):
                     await asyncio.sleep(1.0)  # only nodes that just lost a worker: wait until they are dead or clear
                     continue
-                raise EnvWorkerLost(f"no live node of the Ray cluster can host an env worker needing "
-                                    f"{_show(self.resources)}")
+                raise EnvWorkerLost(self._placement_problem())
             if worker is None:
                 waiter = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
@@ -239,14 +251,15 @@ class RayEnvPool:
             log.info("orphan sweep stopped: %s", exc)
 
     def sweep_nodes(self, timeout: float = 120.0) -> dict[str, dict[str, int]]:
-        """Run the orphan sweep (hook ``sweep_orphans``) once on every live node; what each removed, by node id."""
+        """Run the orphan sweep (hook ``sweep_orphans``) once on every live node that offers CPU (no env worker
+        runs on the others, so they have nothing to sweep); what each removed, by node id."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from skyrl_core.env_workers import sweep_node
 
         task = self.ray.remote(sweep_node)
         refs = [task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-                             ).remote() for node in self.ray.nodes() if node.get("Alive")]
+                             ).remote() for node in self._live_nodes() if _offers_cpu(node.get("Resources", {}))]
         results: dict[str, dict[str, int]] = {}
         for ref in refs:
             try:
@@ -325,6 +338,35 @@ class RemoteEnv:
             return {}
         finally:
             self.pool.release(worker)
+
+
+def _worker_slots(offered: Mapping[str, float], needs: Mapping[str, float], most: int) -> int:
+    """How many env workers needing ``needs`` a node offering ``offered`` (its Ray resources) can host: none
+    without CPU, else the fewest of ``offered // amount`` over the needs (``most`` when there are none)."""
+    if not _offers_cpu(offered):
+        return 0
+    counts = [math.floor(float(offered.get(name, 0.0)) / amount) for name, amount in needs.items() if amount > 0]
+    return min(counts) if counts else most
+
+
+def _offers_cpu(offered: Mapping[str, float]) -> bool:
+    return float(offered.get("CPU", 0.0)) > 0
+
+
+def _ray_request(needs: Mapping[str, float]) -> dict[str, Any]:
+    """Ray options asking for ``needs``: ``CPU`` and ``GPU`` go in ``num_cpus``/``num_gpus`` (Ray refuses them
+    among custom resources), the rest in ``resources``; no CPU is reserved unless ``needs`` names it."""
+    custom = {name: amount for name, amount in needs.items() if name not in ("CPU", "GPU")}
+    return {"num_cpus": needs.get("CPU", 0), "num_gpus": needs.get("GPU", 0), "resources": custom}
+
+
+def _total(offered: list[Mapping[str, float]]) -> dict[str, float]:
+    """The sum of several nodes' resources."""
+    total: dict[str, float] = {}
+    for have in offered:
+        for name, amount in have.items():
+            total[name] = total.get(name, 0.0) + float(amount)
+    return total
 
 
 def _portable(exc: Exception) -> Exception:
