@@ -12,11 +12,19 @@ beside rank_bm25 (the usual pure-Python BM25) measured in the same run on the sa
   latency per request and queries/s, beside the in-process single-query figures; then one client
   against a server started with ``batch_wait_ms=0`` (no waiting for company), and one client through
   ``HttpRetriever``, the env's own client.
+- request sizes: one request each, every one to a fresh server with the default limits: one query,
+  Search-R1's example (400 queries, top 5), a Search-R1 GRPO step's searches (512 prompts x 5
+  samples = 2,560 queries, top 3), the largest request the former caps let through (256 queries of
+  2,000 characters at top 50), and the largest requests the defaults let through (4,096 queries
+  of 2,000 characters at top 4: plain text, the most retrieval work; and with 400 characters of each
+  escaped, the largest body). Its time, the server's peak RSS (and its growth over the RSS before
+  it), both against the one-query request, and the latency of one-query requests sent meanwhile
+  (they are answered between its parts). ``--requests-only`` runs just this section.
 
 Targets from the issue (printed with the measured values, not asserted): BM25 p50 <= 5 ms per query
 on 100k passages; the server adds <= 2 ms at p50 (one client, over in-process).
 
-    python bench/search.py [--passages 100000] [--queries 400] [--quick]
+    python bench/search.py [--passages 100000] [--queries 400] [--quick] [--requests-only]
 
 rank_bm25 is for this benchmark only: ``pip install rank-bm25``.
 """
@@ -33,13 +41,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 from skyrl_search.bm25 import BM25Retriever
+from skyrl_search.config import DEFAULT_MAX_PASSAGES, DEFAULT_MAX_QUERIES
 from skyrl_search.http_client import HttpRetriever
+from skyrl_search.server import MAX_QUERY_CHARS
 from timing import percentile
 
 MS = 1000.0
@@ -188,6 +199,91 @@ async def load(port: int, queries: list[str], clients: int) -> tuple[list[float]
     return samples, len(queries) / (time.perf_counter() - started)
 
 
+def sized_requests(documents: list[list[str]], seed: int = 2) -> list[tuple[str, bytes]]:
+    """The request bodies of the request-size section, from the smallest to the largest, with their labels."""
+    short = make_queries(documents, 2_560, seed)
+    words = [word for doc in documents[:2_000] for word in doc]
+
+    def long_query(rng: np.random.Generator, ascii_chars: int) -> str:
+        text = " ".join(words[i] for i in rng.integers(len(words), size=ascii_chars // 4))[:ascii_chars]
+        return text.ljust(ascii_chars, "x") + " " + "\u00e9" * (MAX_QUERY_CHARS - ascii_chars - 1)
+
+    rng = np.random.default_rng(seed)
+    plain = [long_query(rng, MAX_QUERY_CHARS - 1) for _ in range(DEFAULT_MAX_QUERIES)]
+    escaped = [long_query(rng, MAX_QUERY_CHARS - 400) for _ in range(DEFAULT_MAX_QUERIES)]
+    most_topk = DEFAULT_MAX_PASSAGES // DEFAULT_MAX_QUERIES
+    bodies = [("1 query, top 3 (the single form)", {"query": short[0], "topk": 3}),
+              ("400 queries, top 5 (Search-R1's example)", {"queries": short[:400], "topk": 5}),
+              ("2,560 queries, top 3 (a Search-R1 GRPO step)", {"queries": short, "topk": 3}),
+              (f"256 x {MAX_QUERY_CHARS:,} chars, top 50 (the former caps)", {"queries": plain[:256], "topk": 50}),
+              (f"{DEFAULT_MAX_QUERIES:,} x {MAX_QUERY_CHARS:,} chars, top {most_topk}", {"queries": plain, "topk": most_topk}),
+              ("the same, 400 chars of each escaped", {"queries": escaped, "topk": most_topk})]
+    return [(label, json.dumps({**body, "return_scores": True}).encode()) for label, body in bodies]
+
+
+def rss_kb(pid: int, field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` (the peak) of process ``pid``, in kB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(rf"(?m)^{field}:\s+(\d+) kB", status).group(1))
+
+
+def probe(url: str, stop: threading.Event, samples: list[float]) -> None:
+    """One-query requests, one after another on one connection, until ``stop``; their latencies into ``samples``."""
+    with httpx.Client(timeout=120) as client:
+        while not stop.is_set():
+            started = time.perf_counter()
+            client.post(url, json={"query": "probe words", "topk": TOPK})
+            samples.append(time.perf_counter() - started)
+
+
+def measure_request(index_dir: Path, log: Path, body: bytes) -> dict[str, float]:
+    """One request to a fresh server: its seconds, the server's peak RSS and its growth (MB), and the p50 and
+    the longest latency (ms) of the one-query requests sent while it was answered."""
+    process, port = start_server(index_dir, log, BATCH_WAIT_MS)
+    url, stop, samples = f"http://127.0.0.1:{port}/retrieve", threading.Event(), []
+    prober = threading.Thread(target=probe, args=(url, stop, samples))
+    try:
+        with httpx.Client(timeout=3600, headers={"Content-Type": "application/json"}) as client:
+            client.post(url, json={"query": "warm up", "topk": TOPK})  # and the connection stays open
+            prober.start()
+            while not samples:
+                time.sleep(0.01)
+            before = rss_kb(process.pid, "VmRSS")
+            Path(f"/proc/{process.pid}/clear_refs").write_text("5")  # the peak starts again from here
+            started = time.perf_counter()
+            response = client.post(url, content=body)
+            seconds = time.perf_counter() - started
+            peak = rss_kb(process.pid, "VmHWM")
+        if response.status_code != 200:
+            raise SystemExit(f"the server answered {response.status_code}: {response.text[:300]}")
+        samples = samples[1:]  # the first came before the request
+    finally:
+        stop.set()
+        if prober.is_alive():
+            prober.join()
+        process.terminate()
+        process.wait(timeout=30)
+    return {"seconds": seconds, "peak_mb": peak / 1024, "growth_mb": (peak - before) / 1024,
+            "probe_p50_ms": percentile(samples, 50) * MS if samples else float("nan"),
+            "probe_max_ms": max(samples) * MS if samples else float("nan"), "probes": len(samples)}
+
+
+def request_size_table(index_dir: Path, scratch: Path, bodies: list[tuple[str, bytes]]) -> list[str]:
+    """The request-size section as markdown table lines."""
+    lines = [f"| {'request':<44} | {'body':>8} | {'time':>9} | {'x 1 query':>9} | {'peak RSS':>9} | "
+             f"{'x 1 query':>9} | {'growth':>8} | {'1-query requests meanwhile: n, p50 / max':>40} |",
+             f"|{'-' * 46}|{'-' * 10}|{'-' * 11}|{'-' * 11}|{'-' * 11}|{'-' * 11}|{'-' * 10}|{'-' * 42}|"]
+    base: dict[str, float] = {}
+    for label, body in bodies:
+        got = measure_request(index_dir, scratch / "server-sizes.log", body)
+        base = base or got
+        meanwhile = f"{got['probes']}, {got['probe_p50_ms']:.1f} / {got['probe_max_ms']:.1f} ms"
+        lines.append(f"| {label:<44} | {len(body) / 1e6:>5.2f} MB | {got['seconds']:>7.3f} s | "
+                     f"{got['seconds'] / base['seconds']:>8.0f}x | {got['peak_mb']:>6.0f} MB | "
+                     f"{got['peak_mb'] / base['peak_mb']:>8.2f}x | {got['growth_mb']:>5.0f} MB | {meanwhile:>40} |")
+    return lines
+
+
 def row(metric: str, value: float, base: float | None, unit: str) -> str:
     base_text = f"{base:>12.3f} {unit:<7}" if base is not None else f"{'-':>20}"
     ratio = f"{value / base:>9.3g}x" if base else f"{'-':>10}"
@@ -202,9 +298,13 @@ def main() -> None:
     parser.add_argument("--server-queries", type=int, default=2000, help="requests per server concurrency level")
     parser.add_argument("--concurrency", default="1,32,256", help="comma-separated concurrent server clients")
     parser.add_argument("--quick", action="store_true", help="20k passages and fewer queries: a smoke run")
+    parser.add_argument("--requests-only", action="store_true", help="only the request-size section")
     args = parser.parse_args()
     if args.quick:
         args.passages, args.queries, args.baseline_queries, args.server_queries = 20_000, 100, 20, 512
+    if args.requests_only:
+        request_sizes_only(args.passages)
+        return
     try:
         from rank_bm25 import BM25Okapi
     except ImportError:
@@ -217,6 +317,7 @@ def main() -> None:
         documents = write_corpus(corpus, args.passages)
         generated_s = time.perf_counter() - started
         queries = make_queries(documents, max(args.queries, args.server_queries))
+        bodies = sized_requests(documents)
         del documents
 
         started = time.perf_counter()
@@ -245,6 +346,7 @@ def main() -> None:
                                                 queries[:args.server_queries], concurrency, sample)
         unbatched, _ = measure_server(index_dir, scratch_dir / "server-nowait.log", 0.0,
                                       queries[:args.server_queries], [1], [])
+        size_lines = request_size_table(index_dir, scratch_dir, bodies)
 
         corpus_mb, index_mb = corpus.stat().st_size / 1e6, folder_bytes(index_dir) / 1e6
 
@@ -285,6 +387,24 @@ def main() -> None:
                          ("batch_wait_ms=0", no_wait)):
         print(f"  the server adds <= 2 ms at p50 ({min(served)} client over in-process, {label}): "
               f"{value - p50:+.2f} ms ({'met' if value - p50 <= 2 else 'NOT met'})")
+    print_request_sizes(size_lines, args.passages)
+
+
+def request_sizes_only(passages: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="skyrl-search-bench-") as scratch:
+        scratch_dir = Path(scratch)
+        corpus, index_dir = scratch_dir / "corpus.jsonl", scratch_dir / "index"
+        documents = write_corpus(corpus, passages)
+        BM25Retriever.build_index(corpus, index_dir, progress=False)
+        print_request_sizes(request_size_table(index_dir, scratch_dir, sized_requests(documents)), passages)
+
+
+def print_request_sizes(lines: list[str], passages: int) -> None:
+    load_avg = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"\nrequest sizes: one request each to a fresh server with the default limits (max_queries "
+          f"{DEFAULT_MAX_QUERIES:,}, max_passages {DEFAULT_MAX_PASSAGES:,}), bm25 over {passages:,} passages; "
+          f"{os.cpu_count()} CPUs, load average {load_avg}\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" --no-deps tinker-cookbook==0.5.8
 # Search-R1 retrieval: the retrieval server, Search-R1 parquet files and dense retrieval (faiss-cpu; the pinned torch stays).
 "${pip[@]}" -e "plugins/search[server,parquet,dense]"
+# SkyRL's published search tool (skyrl_gym.tools.search), a real client of the retrieval server in tests/search.
+"${pip[@]}" skyrl-gym==0.4.0
 # Harbor terminal tasks (pyarrow reads Parquet task datasets); the plugin needs Python 3.11+ (tomllib).
 if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   "${pip[@]}" -e "plugins/harbor_terminal[parquet]"

@@ -72,7 +72,7 @@ FACTS = [
 MARKED = [Passage(f"m{i}", f"Entry {i}", f"marker{i} appears only here.") for i in range(256)]
 
 
-def post(url: str, body: dict[str, Any]) -> httpx.Response:
+def post(url: str, body: Any) -> httpx.Response:
     return httpx.post(url, json=body, timeout=30)
 
 
@@ -131,10 +131,16 @@ def test_missing_topk_falls_back_to_the_servers_default(retrieval_server):
     ({"query": "x" * 2001}, "query"),
     ({"queries": ["capital", "x" * 2001]}, "queries"),
     ({"query": "capital", "top_k": 2}, "top_k"),
-    ({"query": "capital", "topk": 51}, "topk may be at most 50 (this server's max_topk)"),
-    ({"queries": ["capital"] * 257}, "at most 256 queries (this server's max_queries)"),
+    ({"query": "capital", "topk": 51}, "topk may be at most 50 (this server's max_topk; skyrl-search serve "
+                                       "--max-topk N raises it)"),
+    ({"queries": ["capital"] * 4097}, "at most 4096 queries (this server's max_queries; skyrl-search serve "
+                                      "--max-queries N raises it)"),
+    ({"queries": ["capital"] * 4096, "topk": 5}, "at most 16384 passages in all, its queries x topk (4096 x 5 here; "
+                                                 "this server's max_passages: skyrl-search serve --max-passages N"),
+    ({"query": "capital", "return_scores": "sometimes"}, "return_scores"),
+    (["capital"], "body"),
 ], ids=["empty-queries", "topk-0", "both-forms", "neither-form", "long-query", "long-batched-query", "unknown-field",
-        "topk-above-cap", "queries-above-cap"])
+        "topk-above-cap", "queries-above-cap", "passages-above-cap", "not-a-bool", "not-an-object"])
 def test_invalid_requests_are_refused_naming_the_field(retrieval_server, body, named):
     retriever = KeywordRetriever(FACTS)
     server = retrieval_server(retriever)
@@ -147,13 +153,19 @@ def test_invalid_requests_are_refused_naming_the_field(retrieval_server, body, n
 
 
 def test_the_caps_are_options_and_requests_at_them_are_answered(retrieval_server):
-    server = retrieval_server(KeywordRetriever(MARKED), max_topk=4, max_queries=3)
-    result = post(server.url, {"queries": ["marker1", "marker2", "marker3"], "topk": 4}).json()["result"]
-    assert [len(hits) for hits in result] == [4, 4, 4]
+    server = retrieval_server(KeywordRetriever(MARKED), max_topk=4, max_queries=3, max_passages=10)
+    result = post(server.url, {"queries": ["marker1", "marker2"], "topk": 4}).json()["result"]
+    assert [len(hits) for hits in result] == [4, 4]
     assert "at most 4" in post(server.url, {"query": "marker1", "topk": 5}).json()["detail"][0]["msg"]
     assert "at most 3 queries" in post(server.url, {"queries": ["marker1"] * 4}).json()["detail"][0]["msg"]
-    with pytest.raises(ValueError, match="default_topk must be between 1 and max_topk"):
-        create_app(KeywordRetriever(FACTS), default_topk=5, max_topk=4)
+    refused = post(server.url, {"queries": ["marker1", "marker2", "marker3"], "topk": 4}).json()["detail"]
+    assert [error["msg"].split(" (")[0] for error in refused] == [
+        "a request may ask for at most 10 passages in all, its queries x topk"]
+    for options, message in [({"default_topk": 5, "max_topk": 4}, "default_topk must be between 1 and max_topk"),
+                             ({"max_passages": 2}, r"max_passages must be at least default_topk \(3\), got 2"),
+                             ({"max_request_s": 0}, "max_request_s must be positive, got 0")]:
+        with pytest.raises(ValueError, match=message):
+            create_app(KeywordRetriever(FACTS), **options)
 
 
 @pytest.mark.parametrize("body", [
@@ -188,7 +200,12 @@ def test_a_lone_surrogate_is_a_client_error_not_a_500(retrieval_server, text):
     ({}, b'{"query": "capital", "x": ' + b"[" * 40 + b"]" * 40 + b"}", 400),
     ({}, b'{"queries": [' + b'"a",' * 400 + b'"a"]}', 400),
     ({}, b'{"query": "' + b"x" * 4_000_000 + b'"}', 413),
-], ids=["foreign-host", "text-plain", "form", "nested", "too-many-values", "oversize"])
+    ({"Origin": "https://evil.example"}, b'{"query": "capital"}', 403),
+    ({"Sec-Fetch-Site": "cross-site"}, b'{"query": "capital"}', 403),
+    ({"Content-Type": ""}, b"", 415),
+    ({"Content-Encoding": "gzip"}, b'{"query": "capital", "x": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", 415),
+], ids=["foreign-host", "text-plain", "form", "nested", "too-many-values", "oversize", "foreign-origin", "cross-site",
+        "empty-post", "gzip-label"])
 def test_what_a_web_page_or_another_client_sends_is_refused_before_parsing(retrieval_server, headers, body, status):
     server = retrieval_server(KeywordRetriever(FACTS), max_queries=8)
     response = httpx.post(server.url, content=body, headers={"Content-Type": "application/json", **headers})
@@ -261,12 +278,12 @@ def test_a_request_larger_than_max_batch_is_split_and_a_small_one_is_answered_be
         wait_until(lambda: queued_behind_first_call(server, retriever) == 41, "the small request is queued")
         turns.release(2)  # the big request's first part, then the call that holds the small request
         assert small_answer.result().json()["result"][0][0]["id"] == "m99"
-        assert not big_answer.done()  # its third part waits for a turn: the small one did not wait for all of it
-        assert retriever.batches[1] == ["marker99", *big[8:15]]
+        assert not big_answer.done()  # its second part waits for a turn: the small one did not wait for all of it
+        assert retriever.batches[1] == ["marker99"]  # in a call of its own, not beside the next part of the big one
         turns.release(4)
         result = big_answer.result().json()["result"]
     assert [hits[0]["id"] for hits in result] == [f"m{i}" for i in range(40)]
-    assert [len(batch) for batch in retriever.batches] == [8, 8, 8, 8, 8, 1]
+    assert [len(batch) for batch in retriever.batches] == [8, 1, 8, 8, 8, 8]
     assert httpx.get(f"{server.base_url}/health").json()["queries_waiting"] == 0
 
 
@@ -316,14 +333,22 @@ def test_serve_help_lists_its_options(capsys):
         main(["serve", "--help"])
     assert exit_info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    for option in ("--index", "--corpus", "--host", "--port", "--topk", "--retriever", "--max-topk", "--max-queries"):
+    for option in ("--index", "--corpus", "--host", "--port", "--topk", "--retriever", "--max-topk", "--max-queries",
+                   "--max-passages", "--max-request-s"):
         assert option in out
-    assert "(default: 50; 422 above)" in out and "(default: 256; 422 above)" in out
+    assert "(default: 50; 422 above)" in out and "(default: 4096; 422 above)" in out
+    assert "(default: 16384; 422 above)" in out and "(default: 1800; 413)" in out
 
 
-def test_serve_refuses_a_default_topk_above_the_cap(capsys):
-    assert main(["serve", "--topk", "9", "--max-topk", "8"]) == 1
-    assert "--topk must be between 1 and --max-topk (8), got 9" in capsys.readouterr().err
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--topk", "9", "--max-topk", "8"], "--topk must be between 1 and --max-topk (8), got 9"),
+    (["--max-queries", "0"], "--max-queries must be at least 1, got 0"),
+    (["--topk", "4", "--max-passages", "3"], "--max-passages must be at least --topk (4), got 3"),
+    (["--max-request-s", "0"], "--max-request-s must be positive, got 0"),
+], ids=["topk-above-cap", "no-queries", "passages-below-topk", "no-time"])
+def test_serve_refuses_caps_that_cannot_serve_a_request(capsys, argv, message):
+    assert main(["serve", *argv]) == 1
+    assert message in capsys.readouterr().err
 
 
 def test_index_of_a_missing_corpus_is_a_one_line_error(tmp_path, capsys):

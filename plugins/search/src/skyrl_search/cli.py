@@ -1,7 +1,7 @@
 """``skyrl-search``: run a retrieval server, build a BM25 index, evaluate a policy.
 
     skyrl-search serve [--index DIR] [--corpus FILE] [--host H] [--port P] [--topk K] [--retriever bm25|dense]
-                       [--model DIR] [--max-topk N] [--max-queries N]
+                       [--model DIR] [--max-topk N] [--max-queries N] [--max-passages N] [--max-request-s S]
     skyrl-search index --corpus FILE --out DIR
     skyrl-search eval ...            (see skyrl-search eval --help)
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import DEFAULT_MAX_QUERIES, DEFAULT_MAX_TOPK
+from .config import DEFAULT_MAX_PASSAGES, DEFAULT_MAX_QUERIES, DEFAULT_MAX_REQUEST_S, DEFAULT_MAX_TOPK
 from .retrieval import RetrievalError
 
 _EXTRAS = {"fastapi": "server", "uvicorn": "server", "faiss": "dense", "torch": "dense", "transformers": "dense",
@@ -45,7 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-topk", type=int, default=DEFAULT_MAX_TOPK,
                        help=f"most passages a request may ask for per query (default: {DEFAULT_MAX_TOPK}; 422 above)")
     serve.add_argument("--max-queries", type=int, default=DEFAULT_MAX_QUERIES,
-                       help=f"most queries one request may hold (default: {DEFAULT_MAX_QUERIES}; 422 above)")
+                       help=f"most queries one request may hold (default: {DEFAULT_MAX_QUERIES}; 422 above); the "
+                            "request body limit grows with it (413 above)")
+    serve.add_argument("--max-passages", type=int, default=DEFAULT_MAX_PASSAGES,
+                       help=f"most passages one request may ask for in all, queries x topk (default: "
+                            f"{DEFAULT_MAX_PASSAGES}; 422 above)")
+    serve.add_argument("--max-request-s", type=float, default=DEFAULT_MAX_REQUEST_S,
+                       help=f"retrieval seconds one request may use; the rest of it is then dropped (default: "
+                            f"{DEFAULT_MAX_REQUEST_S:g}; 413)")
 
     index = commands.add_parser("index", help="build a BM25 index folder from a corpus",
                                 description="Index a JSONL/Parquet corpus (wiki-18 'contents' rows or "
@@ -111,10 +118,15 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-queries must be at least 1, got {args.max_queries}")
     if not 1 <= args.topk <= args.max_topk:
         raise ValueError(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
+    if args.max_passages < args.topk:
+        raise ValueError(f"--max-passages must be at least --topk ({args.topk}), got {args.max_passages}")
+    if not args.max_request_s > 0:  # NaN too
+        raise ValueError(f"--max-request-s must be positive, got {args.max_request_s:g}")
     from .server import serve
 
     serve(host=args.host, port=args.port, topk=args.topk, retriever=args.retriever, options=options,
-          max_topk=args.max_topk, max_queries=args.max_queries, allowed_hosts=args.allowed_host)
+          max_topk=args.max_topk, max_queries=args.max_queries, max_passages=args.max_passages,
+          max_request_s=args.max_request_s, allowed_hosts=args.allowed_host)
     return 0
 
 

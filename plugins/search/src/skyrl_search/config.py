@@ -7,10 +7,19 @@ from typing import Any, Literal
 from pydantic import Field
 from skyrl_core import EnvConfig
 
-# The retrieval server's caps per request (skyrl-search serve --max-topk/--max-queries); here, not in the
-# server module, so that the command line shows them without the server extra. The env's topk stays within.
+# The retrieval server's caps per request (skyrl-search serve --max-topk/--max-queries/--max-passages/
+# --max-request-s); here, not in the server module, so that the command line shows them without the server
+# extra. The env's topk stays within. They are sized for the peers' real batches: Search-R1's trainer sends
+# every search of a rollout batch in one request (its GRPO recipe: 512 prompts x 5 samples = 2,560 queries,
+# top 3), its retrieval_request.py example 400 queries at top 5; 4,096 queries leaves headroom above both.
 DEFAULT_MAX_TOPK = 50
-DEFAULT_MAX_QUERIES = 256
+DEFAULT_MAX_QUERIES = 4096
+# queries x topk of one request: 4,096 x 4, which also covers 2,560 x 5 and the former cap of 256 x 50 (12,800).
+DEFAULT_MAX_PASSAGES = 16_384
+# Retrieval time one request may use before the rest of it is dropped (413): half an hour, far above what the
+# peers' largest batch costs (seconds on 100k passages), so that it stops only requests that would hold the
+# retriever for longer still (4,096 queries of 2,000 characters on a corpus of millions of passages).
+DEFAULT_MAX_REQUEST_S = 1800.0
 
 
 class SearchEnvConfig(EnvConfig):
