@@ -11,6 +11,7 @@ import tracemalloc
 
 import pytest
 from skyrl_core.http_hygiene import (
+    MAX_MESSAGE_CHARS,
     HttpLimits,
     HttpProblem,
     HygieneMiddleware,
@@ -19,6 +20,9 @@ from skyrl_core.http_hygiene import (
     check_request,
     error_body,
     host_of,
+    load_json,
+    parse_json,
+    shown,
     validation_detail,
     validation_errors,
 )
@@ -87,10 +91,67 @@ def test_a_state_changing_body_a_browser_sends_cross_site_is_415(content_type: s
 def test_json_bodies_and_bodiless_requests_pass():
     check_request("POST", {"host": "localhost", "content-length": "2", "content-type": "application/json; charset=utf-8"},
                   LIMITS)
-    check_request("POST", {"host": "localhost", "content-length": "0"}, LIMITS)
+    check_request("POST", {"host": "localhost", "content-length": "0", "content-type": "application/json"}, LIMITS)
+    check_request("DELETE", {"host": "localhost"}, LIMITS)  # no browser sends a cross-site DELETE without asking
     check_request("GET", {"host": "localhost", "content-type": "text/plain"}, LIMITS)
     check_request("POST", {"host": "localhost", "content-length": "5", "content-type": "application/x-protobuf"},
                   HttpLimits(body_types=frozenset({"application/json", "application/x-protobuf"})))
+
+
+@pytest.mark.parametrize("headers", [{}, {"content-length": "0"}, {"content-type": "text/plain;charset=UTF-8"},
+                                     {"content-length": "0", "content-type": "application/x-www-form-urlencoded"}],
+                         ids=["no-body-no-type", "empty-body", "fetch-no-cors", "empty-form"])
+def test_a_post_without_a_json_type_is_415_even_without_a_body(headers: dict[str, str]):
+    """``fetch(url, {method: "POST", mode: "no-cors"})`` and an empty ``<form method=post>`` send exactly these."""
+    problem = refused(check_request, "POST", {"host": "localhost", **headers}, LIMITS)
+    assert problem.status == 415 and "application/json" in problem.message
+
+
+# --- web pages of another origin -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [
+    {"origin": "http://evil.example"}, {"origin": "null"}, {"origin": "http://localhost:3000"},
+    {"origin": "file://"}, {"origin": "http://localhost:8000.evil.example"},
+    {"sec-fetch-site": "cross-site"}, {"sec-fetch-site": "same-site"}, {"sec-fetch-site": "Cross-Site"},
+    {"origin": "http://localhost:8000", "sec-fetch-site": "cross-site"},
+], ids=lambda headers: ",".join(headers.values()))
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
+def test_a_web_page_of_another_origin_may_not_change_state(method: str, headers: dict[str, str]):
+    request = {"host": "localhost:8000", "content-type": "application/json", "content-length": "2", **headers}
+    problem = refused(check_request, method, request, LIMITS)
+    assert problem.status == 403 and "another origin" in problem.message
+    assert "evil" not in problem.message  # the origin is not repeated
+
+
+@pytest.mark.parametrize("headers", [{}, {"origin": "http://localhost:8000"}, {"origin": "HTTP://LOCALHOST:8000/"},
+                                     {"sec-fetch-site": "same-origin"}, {"sec-fetch-site": "none"}])
+def test_programs_and_the_servers_own_pages_pass(headers: dict[str, str]):
+    check_request("POST", {"host": "localhost:8000", "content-type": "application/json", **headers}, LIMITS)
+
+
+def test_reading_is_not_refused_for_its_origin():
+    """A cross-origin GET cannot change state, and the page cannot read the answer (no CORS headers)."""
+    check_request("GET", {"host": "localhost", "origin": "http://evil.example", "sec-fetch-site": "cross-site"}, LIMITS)
+
+
+# --- encodings -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd", "br", "deflate", "x-anything", "gzip, zstd"])
+def test_a_body_in_an_encoding_the_server_does_not_decode_is_415(encoding: str):
+    headers = {"host": "localhost", "content-type": "application/json", "content-length": "2",
+               "content-encoding": encoding}
+    problem = refused(check_request, "POST", headers, LIMITS)
+    assert problem.status == 415 and "accepts: identity" in problem.message
+
+
+def test_a_server_lists_the_encodings_it_decodes():
+    limits = HttpLimits(body_encodings=frozenset({"zstd"}))
+    headers = {"host": "localhost", "content-type": "application/json", "content-length": "2"}
+    for encoding in ("zstd", "ZSTD", "identity", ""):
+        check_request("POST", {**headers, "content-encoding": encoding}, limits)
+    assert refused(check_request, "POST", {**headers, "content-encoding": "gzip"}, limits).status == 415
 
 
 def test_check_body_counts_the_bytes_themselves():
@@ -148,7 +209,44 @@ def test_an_unclosed_string_of_escapes_is_scanned_once_not_again_from_every_quot
     check_json_structure(body, LIMITS)  # not JSON: left for the parser, which refuses it
 
 
+def test_parse_json_checks_whatever_the_label_said_before_parsing():
+    """The one way a server turns a body into values: 100,000-deep nesting is a 400, not a RecursionError."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert "deeper than 32" in refused(parse_json, deep, HttpLimits()).message
+    assert "lone surrogate" in refused(parse_json, b'{"a": "\\ud800"}', HttpLimits()).message
+    assert parse_json(b'{"a": [1, "\\ud83d\\ude00"]}', HttpLimits()) == {"a": [1, "\U0001F600"]}
+
+
+@pytest.mark.parametrize("body", [b"{nope", b'{"a": "' + b"x" * 100_000, b"\xff\xfe{}", b"", b"[1, 2,]",
+                                  b'{"n": ' + b"9" * 5000 + b"}"])
+def test_a_body_that_is_not_json_is_a_400_that_does_not_repeat_it(body: bytes):
+    problem = refused(parse_json, body, HttpLimits(max_body_bytes=1 << 20))
+    assert problem.status == 400 and "not" in problem.message and len(problem.message) < 200
+
+
+async def test_load_json_parses_a_large_body_off_the_event_loop(monkeypatch):
+    import threading
+
+    from skyrl_core import http_hygiene
+
+    threads = []
+    real = http_hygiene.check_json_structure
+    monkeypatch.setattr(http_hygiene, "check_json_structure",
+                        lambda data, limits: threads.append(threading.get_ident()) or real(data, limits))
+    small, large = b"[1]", b"[" + b"1," * 200_000 + b"1]"
+    assert await load_json(small, HttpLimits(max_json_items=10**6)) == [1]
+    assert len(await load_json(large, HttpLimits(max_json_items=10**6))) == 200_001
+    assert threads[0] == threading.get_ident() and threads[1] != threading.get_ident()
+
+
 # --- errors ----------------------------------------------------------------------------------------------------------
+
+
+def test_values_are_quoted_short_and_messages_are_capped():
+    assert shown("abc") == "'abc'" and shown("x" * 10_000) == "'" + "x" * 76 + "..."
+    assert len(shown(10**400)) == 80
+    capped = json.loads(error_body("y" * 50_000))["detail"]
+    assert len(capped) == MAX_MESSAGE_CHARS and capped.endswith("...")
 
 
 def test_errors_never_repeat_the_input_and_are_ascii_json():
@@ -209,6 +307,9 @@ async def test_a_streamed_body_past_the_limit_is_413_and_never_reaches_the_app()
 
 @pytest.mark.parametrize(("headers", "chunks", "status"), [
     ({"host": "attacker.example", "content-type": "application/json"}, [b"{}"], 421),
+    ({**JSON_POST, "origin": "http://attacker.example"}, [b"{}"], 403),
+    ({"host": "localhost"}, [b""], 415),
+    ({**JSON_POST, "content-encoding": "gzip", "content-length": "11"}, [b"[[[[[[]]]]]"], 415),
     ({"host": "localhost", "content-type": "text/plain", "content-length": "2"}, [b"{}"], 415),
     ({**JSON_POST, "content-length": "11"}, [b"[[[[[[]]]]]"], 400),
     ({**JSON_POST, "content-length": "10"}, [b'"\\udc00x"'], 400),

@@ -15,7 +15,8 @@ from skyrl_tinker.app import ServerConfig, create_app
 from skyrl_tinker.routes import ROUTERS
 
 
-@pytest.mark.parametrize("config", [ServerConfig(api_key="tml-secret"), ServerConfig(api_keys={"tml-alice": "alice"})],
+@pytest.mark.parametrize("config", [ServerConfig(api_key="tml-secret-0123456789"),
+                                    ServerConfig(api_keys={"tml-alice-0123456789abcdef": "alice"})],
                          ids=["api-key", "api-keys"])
 def test_every_route_needs_a_key(config):
     client = TestClient(create_app(config, SimpleNamespace()), base_url="http://127.0.0.1")

@@ -9,12 +9,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import tinker
 from skyrl_tinker.cli import build_app
 from typer.testing import CliRunner
+
+SECRET = "tml-secret-0123456789"
+
+
+def write_private(path: Path, text: str) -> None:
+    """A keys file as a user should keep it: readable by its owner only."""
+    path.write_text(text)
+    path.chmod(0o600)
 
 
 @contextlib.contextmanager
@@ -49,10 +58,10 @@ def _serve(tmp_path, *args: str, env: dict[str, str] | None = None, key: str | N
 
 
 def test_serve_command_with_api_key(tmp_path):
-    with _serve(tmp_path, env={"SKYRL_TINKER_API_KEY": "tml-secret"}, key="tml-secret") as (url, output):
+    with _serve(tmp_path, env={"SKYRL_TINKER_API_KEY": SECRET}, key=SECRET) as (url, output):
         denied = httpx.get(f"{url}/api/v1/healthz", headers={"X-API-Key": "tml-wrong"})
         assert denied.status_code == 401 and "--api-key" in denied.json()["detail"]
-        service = tinker.ServiceClient(base_url=url, api_key="tml-secret")
+        service = tinker.ServiceClient(base_url=url, api_key=SECRET)
         models = service.get_server_capabilities().supported_models
         assert [m.model_name for m in models] == ["tiny-random"]
         service.close("success")
@@ -61,8 +70,8 @@ def test_serve_command_with_api_key(tmp_path):
 
 def test_serve_command_with_a_key_per_tenant(tmp_path):
     keys = {"alice": ["tml-alice-0123456789abcdef", "tml-alice-second-key-0000"], "bob": ["tml-bob-0123456789abcdef00"]}
-    (tmp_path / "keys").write_text("# tenant key\n\nalice tml-alice-0123456789abcdef\n"
-                                   "bob   tml-bob-0123456789abcdef00\nalice tml-alice-second-key-0000\n")
+    write_private(tmp_path / "keys", "# tenant key\n\nalice tml-alice-0123456789abcdef\n"
+                  "bob   tml-bob-0123456789abcdef00\nalice tml-alice-second-key-0000\n")
     with _serve(tmp_path, "--api-keys", str(tmp_path / "keys"), key=keys["bob"][0]) as (url, output):
         api = f"{url}/api/v1"
         denied = httpx.get(f"{api}/healthz", headers={"X-API-Key": "tml-skyrl-test"})
@@ -87,22 +96,68 @@ def test_serve_command_says_when_it_is_single_user(tmp_path):
     ("alice tml-alice-0123456789abcdef\nbob\n", "line 2: expected '<tenant> <key>', got 1 fields"),
     ("alice tml-short\n", "line 1: the key of tenant 'alice' must start with 'tml-'"),
     ("alice alice-0123456789abcdef-no-prefix\n", "line 1: the key of tenant 'alice' must start with 'tml-'"),
-    ("al/ice tml-alice-0123456789abcdef\n", "line 1: tenant name 'al/ice'"),
+    ("al/ice tml-alice-0123456789abcdef\n", "line 1: the tenant name must be letters"),
     ("alice tml-alice-0123456789abcdef\nbob tml-alice-0123456789abcdef\n",
      "line 2: the key of tenant 'bob' is already the key of tenant 'alice' (line 1)"),
     ("# nobody\n", "has no keys"),
 ])
 def test_a_bad_api_keys_file_is_refused_naming_the_line(tmp_path, content, message):
-    (tmp_path / "keys").write_text(content)
+    write_private(tmp_path / "keys", content)
     result = CliRunner().invoke(build_app(), ["serve", "--api-keys", str(tmp_path / "keys")])
     assert result.exit_code == 1 and message in result.output, result.output
     assert "tml-alice-0123456789abcdef" not in result.output  # keys are never echoed
 
 
 def test_api_key_and_api_keys_together_are_refused(tmp_path):
-    (tmp_path / "keys").write_text("alice tml-alice-0123456789abcdef\n")
+    write_private(tmp_path / "keys", "alice tml-alice-0123456789abcdef\n")
     runner = CliRunner()
     both = runner.invoke(build_app(), ["serve", "--api-key", "tml-x", "--api-keys", str(tmp_path / "keys")])
     assert both.exit_code == 1 and "not both" in both.output
     missing = runner.invoke(build_app(), ["serve", "--api-keys", str(tmp_path / "nope")])
     assert missing.exit_code == 1 and "cannot read the --api-keys file" in missing.output
+
+
+@pytest.mark.parametrize("args,env", [(["--api-key", ""], {}), ([], {"SKYRL_TINKER_API_KEY": ""}),
+                                      (["--api-key", "   "], {})], ids=["empty-option", "empty-variable", "blank"])
+def test_an_empty_api_key_is_an_error_not_an_open_server(args, env):
+    """``--api-key "$TINKER_KEY"`` with the variable unset must not start a server that takes every request."""
+    result = CliRunner().invoke(build_app(), ["serve", *args], env=env)
+    assert result.exit_code == 1 and "--api-key is empty" in result.output and "unset" in result.output, result.output
+    assert "serving" not in result.output
+
+
+@pytest.mark.parametrize("key", ["tml-short", "no-prefix-0123456789abcdef", "tml-has a space-0123456789",
+                                 "tml-\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"])
+def test_a_guessable_or_unsendable_shared_key_is_refused_without_repeating_it(key):
+    result = CliRunner().invoke(build_app(), ["serve", "--api-key", key])
+    assert result.exit_code == 1 and "must start with 'tml-'" in result.output and key not in result.output
+
+
+def test_a_keys_file_others_can_read_is_refused_naming_the_fix(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("alice tml-alice-0123456789abcdef\n")
+    for mode in (0o644, 0o640, 0o604, 0o660, 0o602):
+        keys.chmod(mode)
+        result = CliRunner().invoke(build_app(), ["serve", "--api-keys", str(keys)])
+        assert result.exit_code == 1 and f"chmod 600 {keys}" in result.output, (oct(mode), result.output)
+        assert "tml-alice-0123456789abcdef" not in result.output
+
+
+@pytest.mark.parametrize("content", ["tml-alice-0123456789abcdef alice\n", "alice tml-alice-0123456789abcdef\n"
+                                     "tml-bob-0123456789abcdef00 bob\n", "tml-alice-0123456789abcdef\ttml-x\n"])
+def test_swapped_columns_are_named_and_the_key_is_never_printed(tmp_path, content):
+    write_private(tmp_path / "keys", content)
+    result = CliRunner().invoke(build_app(), ["serve", "--api-keys", str(tmp_path / "keys")])
+    assert result.exit_code == 1 and "looks like a key" in result.output, result.output
+    assert "0123456789abcdef" not in result.output
+
+
+def test_a_library_user_gets_the_same_key_checks():
+    from skyrl_tinker.app import ServerConfig
+    from skyrl_tinker.tenants import TenantConfigError
+
+    for config in (ServerConfig(api_key=""), ServerConfig(api_keys={"": "alice"}),
+                   ServerConfig(api_keys={"tml-alice-0123456789abcdef": "alice", "tml-x": "bob"})):
+        with pytest.raises(TenantConfigError):
+            config.tenant_keys()
+    assert ServerConfig(api_key=SECRET).tenant_keys() == {SECRET: "default"}

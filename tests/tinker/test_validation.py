@@ -18,6 +18,7 @@ from tinker import types
 from tinker_helpers import ALICE, BOB, JSON_PROMPT, KEYS, fb_body, tenant_http, tensor, until, worker_held
 
 NAN, INF = float("nan"), float("inf")
+HUGE = 10**400  # a JSON number with 401 digits: valid JSON, no float
 @pytest.fixture(scope="module")
 def pair(new_server, tmp_path_factory, one_thread):
     server = new_server(tmp_path_factory.mktemp("validation"), api_keys=KEYS)
@@ -109,6 +110,31 @@ BAD_FIELDS = {
     "nan_poll_timeout": (lambda m, s: ("/retrieve_futures", {"target": {"sampling_session_id": "x"}, "timeout": NAN}),
                          "timeout must be a finite number"),
     "number_session_id": (lambda m, s: ("/session_heartbeat", {"session_id": 5}), "session_id must be a string"),
+    # numbers the float32 rule refuses at the edge: a 401-digit integer is no float; 3e38 and 1e39 are finite as
+    # float64; 1e-46 is positive as float64 but 0 as float32; and bounds per field, named
+    "huge_int_learning_rate": (lambda m, s: _optim(m, learning_rate=HUGE), "adam_params.learning_rate must be a finite "
+                               "number that fits a float32, got an integer of 401 digits"),
+    "huge_int_beta1": (lambda m, s: _optim(m, beta1=-HUGE), "adam_params.beta1 must be a finite number"),
+    "huge_int_loss_config": (lambda m, s: _fb(m, _rl_inputs(), "dro", {"beta": HUGE}), "loss_fn_config['beta']"),
+    "huge_int_temperature": (lambda m, s: _sample(sampling_params={"temperature": HUGE}), "sampling_params.temperature"),
+    "huge_int_top_p": (lambda m, s: _sample(sampling_params={"top_p": HUGE}), "sampling_params.top_p"),
+    "huge_int_poll_timeout": (lambda m, s: ("/retrieve_futures", {"target": {"sampling_session_id": "x"},
+                                                                  "timeout": HUGE}), "timeout must be a finite"),
+    "huge_int_tensor": (lambda m, s: _fb(m, _rl_inputs(advantages=tensor([HUGE] * 3, "float32")), "ppo"),
+                        "loss_fn_inputs['advantages']: data does not fit"),
+    "learning_rate_3e38": (lambda m, s: _optim(m, learning_rate=3e38), "adam_params.learning_rate must be >= 0 and <= 1"),
+    "weight_decay_1e39": (lambda m, s: _optim(m, weight_decay=1e39), "adam_params.weight_decay must be a finite number "
+                          "that fits a float32"),
+    "decay_step_over_one": (lambda m, s: _optim(m, learning_rate=0.5, weight_decay=4.0),
+                            "learning_rate x adam_params.weight_decay must be at most 1"),
+    "top_p_zero_as_float32": (lambda m, s: _sample(sampling_params={"top_p": 1e-46}),
+                              "sampling_params.top_p must be > 0 and <= 1, got as a float32, 0.0"),
+    "temperature_1e6": (lambda m, s: _sample(sampling_params={"temperature": 1e6}), "sampling_params.temperature must "
+                        "be >= 0 and <= 100"),
+    "dro_beta_1e39": (lambda m, s: _fb(m, _rl_inputs(), "dro", {"beta": 1e39}), "loss_fn_config['beta'] must be a finite"),
+    "dro_beta_3e38": (lambda m, s: _fb(m, _rl_inputs(), "dro", {"beta": 3e38}), "loss_fn_config['beta'] must be >= 0"),
+    "clip_high_1e39": (lambda m, s: _fb(m, _rl_inputs(), "ppo", {"clip_high_threshold": 1e39}), "clip_high_threshold"),
+    "clip_low_above_one": (lambda m, s: _fb(m, _rl_inputs(), "cispo", {"clip_low_threshold": 2.0}), "clip_low_threshold"),
     "list_model_id": (lambda m, s: ("/get_info", {"model_id": [m]}), "model_id must be a string"),
 }
 
@@ -142,9 +168,33 @@ def test_bad_numbers_through_the_client(pair, models):
         alice_model.optim_step(types.AdamParams(learning_rate=NAN)).result()
     with pytest.raises(tinker.BadRequestError, match=r"adam_params\.eps"):
         alice_model.optim_step(types.AdamParams(eps=-INF)).result()
+    with pytest.raises(tinker.BadRequestError, match=r"adam_params\.learning_rate must be >= 0 and <= 1"):
+        alice_model.optim_step(types.AdamParams(learning_rate=3e38)).result()
+    with pytest.raises(tinker.BadRequestError, match=r"adam_params\.weight_decay must be a finite number"):
+        alice_model.optim_step(types.AdamParams(weight_decay=1e39)).result()
+    with pytest.raises(tinker.BadRequestError, match=r"loss_fn_config\['beta'\] must be a finite number"):
+        alice_model.forward_backward([datum()], "dro", {"beta": 1e39}).result()
     sampler = alice_model.save_weights_and_get_sampling_client().result()
     with pytest.raises(tinker.BadRequestError, match=r"sampling_params\.seed must be an int64"):
         sampler.sample(types.ModelInput.from_ints(tokens), 1, types.SamplingParams(max_tokens=2, seed=2**64)).result()
+    with pytest.raises(tinker.BadRequestError, match=r"sampling_params\.top_p must be > 0"):
+        sampler.sample(types.ModelInput.from_ints(tokens), 1, types.SamplingParams(max_tokens=2, top_p=1e-46)).result()
+
+
+def test_a_tiny_temperature_samples_the_likeliest_tokens_not_the_vocabularys_last(pair, models):
+    """A temperature of 1e-40 is a valid float32; dividing logits by it overflowed to NaN, and every sample
+    was the last id of the vocabulary. It now samples as the smallest temperature the engine divides by."""
+    server, alice, _ = pair
+    sampler = alice.create_sampling_client(base_model="tiny-random")
+    prompt = types.ModelInput.from_ints([5, 6, 7, 8])
+
+    def sample(temperature: float) -> list[int]:
+        params = types.SamplingParams(max_tokens=8, temperature=temperature, seed=3)
+        return list(sampler.sample(prompt, 1, params).result().sequences[0].tokens)
+
+    vocab_last = server.service.backend.vocab_size - 1
+    tiny = sample(1e-40)
+    assert tiny == sample(0.0) and set(tiny) != {vocab_last}, (tiny, vocab_last)
 
 
 def test_one_tenants_bad_rows_do_not_fail_anothers_request(pair, models):

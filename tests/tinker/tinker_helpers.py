@@ -48,8 +48,10 @@ def tensor(values: list, dtype: str = "int64") -> dict:
 
 
 def tenant_http(server, key: str) -> httpx.Client:
-    """Raw HTTP to ``server``'s API as the tenant of ``key``."""
-    return httpx.Client(base_url=f"{server.url}/api/v1", headers={"X-API-Key": key}, timeout=60)
+    """Raw HTTP to ``server``'s API as the tenant of ``key``, every request labelled JSON as the tinker client's are
+    (a body-less POST without a JSON type is refused: a web page sends those)."""
+    return httpx.Client(base_url=f"{server.url}/api/v1", headers={"X-API-Key": key, "Content-Type": "application/json"},
+                        timeout=60)
 
 
 def until(condition: Callable[[], bool]) -> None:

@@ -33,6 +33,24 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert processed_logprobs(LOGITS, [row(top_p=0.5)])[0].tolist() == [0.0] + [-math.inf] * 3
 
 
+@pytest.mark.parametrize("top_p", [0.0, 1e-46, 1e-30])
+def test_a_top_p_that_rounds_to_zero_still_keeps_the_likeliest_token(top_p):
+    """1e-46 is 0 as a float32; a top-p set must never be empty (it sampled the vocabulary's last id)."""
+    assert processed_logprobs(LOGITS, [row(top_p=top_p)])[0].tolist() == [0.0] + [-math.inf] * 3
+    tokens, logprobs = sample_next(LOGITS.repeat(8, 1), [row(top_p=top_p, seed=s) for s in range(8)])
+    assert tokens.tolist() == [0] * 8 and logprobs.tolist() == [0.0] * 8
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 1e-8])
+def test_a_tiny_temperature_samples_the_likeliest_token_not_the_last(temperature):
+    """Logits divided by 1e-40 overflow float32: the NaN that followed picked the last id every time."""
+    logits = torch.tensor([[30.0, 29.9, 0.0, -1.0]])
+    out = processed_logprobs(logits, [row(temperature=temperature)])[0]
+    assert torch.isfinite(out[0]) and out[0].item() == pytest.approx(0.0)
+    tokens, _ = sample_next(logits.repeat(8, 1), [row(temperature=temperature, seed=s) for s in range(8)])
+    assert tokens.tolist() == [0] * 8
+
+
 def test_temperature_scales_before_normalising():
     out = processed_logprobs(LOGITS, [row(temperature=0.5)])[0]
     assert out.tolist() == pytest.approx(log_normalised([4.0, 2.0, 0.0, -2.0]))

@@ -9,15 +9,24 @@ a handler or a parser sees it, with the same rules and the same errors everywher
   with ``--allowed-host`` (421 otherwise: a rebinding page's requests carry its own name).
 - A body may be at most ``max_body_bytes``, checked on ``Content-Length`` and again on the bytes as
   they arrive, before anything parses them (413).
-- A state-changing request (``POST``, ``PUT``, ``PATCH``, ``DELETE``) with a body must say what it
-  is in a content type the server takes (415): a cross-site form or ``text/plain`` POST, which a
-  browser sends without asking, is refused instead of parsed as JSON.
+- A state-changing request (``POST``, ``PUT``, ``PATCH``, ``DELETE``) from a web page of another
+  origin is refused (403): one whose ``Origin`` is not the ``Host`` it was sent to (or is ``null``),
+  or whose ``Sec-Fetch-Site`` says ``cross-site`` or ``same-site``. Our servers' APIs are for
+  programs, which send neither header; a page's ``fetch`` or form sends both.
+- A ``POST`` must say what its body is in a content type the server takes, even with no body, and a
+  ``PUT``, ``PATCH`` or ``DELETE`` with a body must too (415): a cross-site form, ``text/plain`` or
+  empty POST, which a browser sends without asking, is refused instead of acted on.
+- A ``Content-Encoding`` other than identity must be one the server decodes itself
+  (``body_encodings``; 415 otherwise), so no body reaches a parser under a label that skipped a check.
 - A JSON body may nest ``max_json_depth`` deep and hold ``max_json_items`` values at most, counted
   in one pass over its bytes with constant memory, and may not hold a lone surrogate (400): decoding
   it cannot cost much more than its size, and nothing downstream meets text it cannot encode.
+  Every JSON body a server parses goes through :func:`parse_json` (or :func:`load_json`, off the
+  event loop for large bodies), whatever its label or encoding said, so the checks cannot be skipped.
 - Errors are ``{"detail": message}`` with a 4xx status (a FastAPI server's 422 keeps its list of
   :func:`validation_errors`); a message never repeats the input (a 10 MB bad value must not come
-  back as a 10 MB error), only where it is and what is wrong.
+  back as a 10 MB error), only where it is and what is wrong: values a message names go through
+  :func:`shown`, and :func:`error_body` cuts any message to ``MAX_MESSAGE_CHARS``.
 
 :class:`HygieneMiddleware` applies this to any ASGI app (FastAPI included) with no dependency;
 servers on :mod:`http.server` call :func:`check_request` and :func:`check_body` themselves.
@@ -40,7 +49,9 @@ _SPECIAL = re.compile(rb'["\\\[\]{},]')
 _HEX4 = re.compile(rb"[0-9a-fA-F]{4}")
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPENING, _CLOSING = frozenset(b"[{"), frozenset(b"]}")
-_OFF_LOOP_BYTES = 256 * 1024
+OFF_LOOP_BYTES = 256 * 1024  # a body this large is checked and parsed in a thread, not on the event loop
+MAX_MESSAGE_CHARS = 1000  # the longest error message a server sends
+_CROSS_SITE = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site values of another origin's page
 _LONE_SURROGATE = "the JSON body holds a lone surrogate (an escape in \\ud800-\\udfff without its pair)"
 
 
@@ -53,6 +64,7 @@ class HttpLimits:
     max_json_items: int = 100_000
     allowed_hosts: tuple[str, ...] = ()  # names beyond the loopback ones and the bound address
     body_types: frozenset[str] = JSON_TYPES  # content types a state-changing request may carry
+    body_encodings: frozenset[str] = frozenset()  # Content-Encodings the server decodes itself (beyond identity)
 
     def host_names(self, bound_host: str | None = None) -> frozenset[str]:
         names = {*LOOPBACK_HOSTS, *(name.lower() for name in self.allowed_hosts)}
@@ -74,8 +86,21 @@ class HttpProblem(Exception):
 
 
 def error_body(message: str) -> bytes:
-    """The JSON body of every error: ``{"detail": message}``, ASCII-only (no text it cannot encode)."""
-    return json.dumps({"detail": message}).encode("ascii")
+    """The JSON body of every error: ``{"detail": message}``, ASCII-only (no text it cannot encode), the
+    message cut to ``MAX_MESSAGE_CHARS``."""
+    return json.dumps({"detail": capped(message)}).encode("ascii")
+
+
+def capped(message: str) -> str:
+    """``message`` cut to ``MAX_MESSAGE_CHARS`` (the last resort of the echo rule: callers quote with :func:`shown`)."""
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """How an error message quotes a value from the request: its ``repr``, cut to ``limit`` characters, so a
+    10 kB id or name never comes back whole."""
+    quoted = repr(value)
+    return quoted if len(quoted) <= limit else quoted[:limit - 3] + "..."
 
 
 def host_of(header: str) -> str:
@@ -93,6 +118,9 @@ def check_request(method: str, headers: Mapping[str, str], limits: HttpLimits, b
     if not host or host_of(host) not in limits.host_names(bound_host):
         raise HttpProblem(421, "this server does not answer for that Host; start it with --allowed-host NAME to "
                                "add a name it may be reached by")
+    method = method.upper()
+    if method in STATE_CHANGING:
+        check_same_origin(headers)
     length = headers.get("content-length")
     if length is not None:
         if not length.strip().isdigit():
@@ -100,17 +128,38 @@ def check_request(method: str, headers: Mapping[str, str], limits: HttpLimits, b
         if int(length) > limits.max_body_bytes:
             raise HttpProblem(413, f"the body is larger than this server's limit of {limits.max_body_bytes:,} bytes")
     has_body = (length is not None and int(length) > 0) or "transfer-encoding" in headers
-    if method.upper() in STATE_CHANGING and has_body:
+    if method == "POST" or (method in STATE_CHANGING and has_body):
         content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if content_type not in limits.body_types:
-            raise HttpProblem(415, f"a {method.upper()} body must be one of: {', '.join(sorted(limits.body_types))}")
+            raise HttpProblem(415, f"a {method} must carry a Content-Type of: {', '.join(sorted(limits.body_types))}"
+                                   " (a body-less POST too: a browser sends those cross-site without asking)")
+    encoding = headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity") and encoding not in limits.body_encodings:
+        accepted = ", ".join(["identity", *sorted(limits.body_encodings)])
+        raise HttpProblem(415, f"this server does not decode the body's Content-Encoding; it accepts: {accepted}")
+
+
+def check_same_origin(headers: Mapping[str, str]) -> None:
+    """Refuse (403) a request a web page of another origin sent: an ``Origin`` other than the ``Host``
+    the request went to (``null`` included), or ``Sec-Fetch-Site: cross-site`` / ``same-site``."""
+    origin = headers.get("origin")
+    foreign = origin is not None and _authority(origin) != headers.get("host", "").strip().lower()
+    if foreign or headers.get("sec-fetch-site", "").strip().lower() in _CROSS_SITE:
+        raise HttpProblem(403, "a web page of another origin may not change state on this server (its Origin or "
+                               "Sec-Fetch-Site says so); call the API from a program, not from a browser page")
+
+
+def _authority(origin: str) -> str | None:
+    """``host[:port]`` of an ``Origin`` (``http://localhost:8000`` -> ``localhost:8000``); None for ``null``."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    return rest.rstrip("/") if sep and scheme in ("http", "https") else None
 
 
 def check_body(body: bytes, content_type: str, limits: HttpLimits, content_encoding: str = "") -> None:
     """Check a whole body before anything parses it: its size and, for JSON, its structure; raises HttpProblem.
 
     A compressed body (a ``Content-Encoding`` other than identity) is checked for its size only: the app
-    checks what it decompresses, with :func:`check_json_structure`.
+    parses what it decompresses with :func:`parse_json`, which checks it then.
     """
     if len(body) > limits.max_body_bytes:
         raise HttpProblem(413, f"the body is larger than this server's limit of {limits.max_body_bytes:,} bytes")
@@ -160,6 +209,30 @@ def check_json_structure(data: bytes, limits: HttpLimits) -> None:
             items += 1
         if items > limits.max_json_items:
             raise HttpProblem(400, f"the JSON body holds more than {limits.max_json_items:,} values")
+
+
+def parse_json(data: bytes, limits: HttpLimits) -> Any:
+    """``data`` parsed as JSON after :func:`check_json_structure`: the one way a server turns a body into
+    values, whatever the body's label or encoding said. A body that is not JSON is a 400 that says where."""
+    check_json_structure(data, limits)
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise HttpProblem(400, "the body is not UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:  # its message gives the position, never the text
+        raise HttpProblem(400, f"the body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError:  # Python reads no integer of more than 4,300 digits
+        raise HttpProblem(400, "the body is not JSON this server reads: a number has more than 4,300 digits") from None
+    except RecursionError:  # unreachable within max_json_depth; kept so no limit can turn it into a 500
+        raise HttpProblem(400, "the JSON body nests too deep") from None
+
+
+async def load_json(data: bytes, limits: HttpLimits) -> Any:
+    """:func:`parse_json` for an async server: a body of ``OFF_LOOP_BYTES`` or more is checked and parsed
+    in a thread, so one large request does not hold up every other request on the event loop."""
+    if len(data) >= OFF_LOOP_BYTES:
+        return await asyncio.to_thread(parse_json, data, limits)
+    return parse_json(data, limits)
 
 
 def _after_escape(code: int, start: int, end: int, high_ends_at: int) -> int:
@@ -220,7 +293,7 @@ class HygieneMiddleware:
             check_request(scope["method"], headers, self.limits, self.bound_host)
             body = await _read_body(receive, self.limits.max_body_bytes)
             args = (body, headers.get("content-type", ""), self.limits, headers.get("content-encoding", ""))
-            if len(body) >= _OFF_LOOP_BYTES:  # a long scan must not hold up the other requests on the loop
+            if len(body) >= OFF_LOOP_BYTES:  # a long scan must not hold up the other requests on the loop
                 await asyncio.to_thread(check_body, *args)
             else:
                 check_body(*args)

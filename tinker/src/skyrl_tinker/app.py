@@ -7,9 +7,13 @@ the routers of :mod:`skyrl_tinker.routes` (one per resource). Queued work answer
 Every request is authenticated to a tenant first (:mod:`skyrl_tinker.tenants`); routes hand it on.
 Then core's HTTP hygiene (:mod:`skyrl_core.http_hygiene`) checks it before a route reads it: the
 ``Host`` (421 for names other than loopback, the bound address and ``allowed_hosts``: a page that
-rebinds its name cannot drive the API through a browser), the body size (413 above ``max_body_mb``),
-its content type (415 unless JSON or protobuf: no cross-site ``text/plain`` posts) and a JSON body's
-nesting and value count (400); a zstd body's JSON is checked the same way once decompressed.
+rebinds its name cannot drive the API through a browser), a web page's ``Origin`` or
+``Sec-Fetch-Site`` (403: no page may change state), the body size (413 above ``max_body_mb``), its
+content type (415 unless JSON or protobuf, a body-less POST included: no cross-site ``text/plain``,
+form or empty posts), its encoding (415 unless zstd or none) and a JSON body's nesting and value
+count (400). Routes parse every JSON body through core's ``parse_json`` after undoing its encoding,
+so a body whose label skipped the early check is checked there. Every error body is core's, its
+message cut to a bounded length; messages quote request values through ``shown``.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from skyrl_core.http_hygiene import HttpProblem, HygieneMiddleware
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from skyrl_core.http_hygiene import HttpProblem, HygieneMiddleware, error_body, shown, validation_detail
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -37,7 +42,7 @@ from skyrl_tinker.sampler import Sampler, SamplingEngine, build_sampler_engine
 from skyrl_tinker.seeds import ServerSeeds
 from skyrl_tinker.service import MAX_TOPK, RequestError, TinkerService
 from skyrl_tinker.sessions import SessionRegistry
-from skyrl_tinker.tenants import Limits, tenant_of
+from skyrl_tinker.tenants import tenant_of
 from skyrl_tinker.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -59,7 +64,7 @@ def build_service(config: ServerConfig, sampler_engine: SamplingEngine | None = 
     sampler = Sampler(engine, backend.base_linear_weights, futures)
     return TinkerService(backend, sampler, CheckpointStore(Path(config.checkpoint_dir)),
                          SessionRegistry(config.session_timeout), futures,
-                         Limits(config.max_sessions, config.max_adapters, config.max_queued_requests),
+                         config.limits(),
                          None if config.seed is None else ServerSeeds(config.seed))
 
 
@@ -94,33 +99,43 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc.stop()
 
 
-async def _http_problem(_: Request, exc: HttpProblem) -> JSONResponse:
-    return JSONResponse({"detail": exc.message}, status_code=exc.status)
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    """Every error this app sends: core's ``{"detail": message}`` body, the message cut to its limit."""
+    return Response(error_body(message), status_code=status, headers=headers, media_type="application/json")
 
 
-async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
-    return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
+async def _http_problem(_: Request, exc: HttpProblem) -> Response:
+    return _error(exc.status, exc.message, exc.headers)
 
 
-async def _wire_error(_: Request, exc: WireError) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+async def _request_error(_: Request, exc: RequestError) -> Response:
+    return _error(exc.status, exc.message, exc.headers)
+
+
+async def _wire_error(_: Request, exc: WireError) -> Response:
+    return _error(exc.status, str(exc))
+
+
+async def _invalid_parameters(_: Request, exc: RequestValidationError) -> Response:
+    return _error(422, validation_detail(exc.errors()))  # names the parameter, never its value
 
 
 async def _client_gone(_: Request, exc: ClientDisconnect) -> Response:
     return Response(status_code=400)  # the client left before its body came (e.g. closing): nobody reads this
 
 
-async def _missing_field(_: Request, exc: KeyError) -> JSONResponse:
-    return JSONResponse({"detail": f"malformed request: missing field {exc.args[0]!r}"}, status_code=400)
+async def _missing_field(_: Request, exc: KeyError) -> Response:
+    return _error(400, f"malformed request: missing field {shown(exc.args[0] if exc.args else '')}")
 
 
-async def _malformed(_: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": f"malformed request: {exc}"}, status_code=400)
+async def _malformed(_: Request, exc: Exception) -> Response:
+    return _error(400, f"malformed request: {exc}")
 
 
 _ERROR_HANDLERS: dict[type[Exception], Callable[[Request, Any], Awaitable[Response]]] = {
     HttpProblem: _http_problem, RequestError: _request_error, WireError: _wire_error, ClientDisconnect: _client_gone,
-    KeyError: _missing_field, ValueError: _malformed, TypeError: _malformed,
+    RequestValidationError: _invalid_parameters, KeyError: _missing_field, ValueError: _malformed,
+    TypeError: _malformed,
 }
 
 
@@ -135,8 +150,7 @@ class _Authenticate:
             return await self.app(scope, receive, send)
         tenant = tenant_of(self.keys, Headers(scope=scope).get("x-api-key"))
         if tenant is None:
-            response = JSONResponse({"detail": f"missing or wrong API key (X-API-Key); the server was started "
-                                               f"with {self.option}"}, status_code=401)
+            response = _error(401, f"missing or wrong API key (X-API-Key); the server was started with {self.option}")
             return await response(scope, receive, send)
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
+from skyrl_core.http_hygiene import shown
 from skyrl_trainers.forward import MicroBatch, token_logprobs
 from skyrl_trainers.models import load_model_and_tokenizer, model_source
 
@@ -112,7 +113,7 @@ class Backend:
         if spec.rank < 1:
             raise LossInputError(f"LoRA rank must be >= 1, got {spec.rank} (full fine-tuning is not supported)")
         if model_id in self._adapters:
-            raise LossInputError(f"model {model_id!r} already exists")
+            raise LossInputError(f"model {shown(model_id)} already exists")
         self._counter += 1
         name = f"adapter{self._counter}"
         with torch.random.fork_rng(devices=[]):

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from skyrl_core.http_hygiene import shown
 
 from skyrl_tinker.tenants import DEFAULT_TENANT
 
@@ -50,7 +51,7 @@ def new_run_id() -> str:
 
 def check_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-        raise CheckpointError(f"{run_id!r} is not a training run id (letters, digits, '_', '-' or ':')")
+        raise CheckpointError(f"{shown(run_id)} is not a training run id (letters, digits, '_', '-' or ':')")
     return run_id
 
 
@@ -62,16 +63,16 @@ class TinkerPath:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or not RUN_ID.fullmatch(self.run_id) or not NAME.fullmatch(self.name):
-            raise CheckpointError(f"checkpoint path {str(self)!r} is not tinker://<run_id>/(weights|sampler_weights)/"
+            raise CheckpointError(f"checkpoint path {shown(str(self))} is not tinker://<run_id>/(weights|sampler_weights)/"
                                   "<name> (run id: letters, digits, '_', '-', ':'; name: letters, digits, '.', '_', '-')")
 
     @classmethod
     def parse(cls, path: str) -> TinkerPath:
         if not isinstance(path, str) or not path.startswith("tinker://"):
-            raise CheckpointError(f"checkpoint path {path!r} must start with tinker://")
+            raise CheckpointError(f"checkpoint path {shown(path)} must start with tinker://")
         parts = path.removeprefix("tinker://").split("/")
         if len(parts) != 3:
-            raise CheckpointError(f"checkpoint path {path!r} is not tinker://<run_id>/(weights|sampler_weights)/<name>")
+            raise CheckpointError(f"checkpoint path {shown(path)} is not tinker://<run_id>/(weights|sampler_weights)/<name>")
         return cls(*parts)
 
     def __str__(self) -> str:
@@ -103,7 +104,7 @@ class CheckpointStore:
         except (OSError, ValueError):
             run = None
         if not isinstance(run, dict):
-            raise CheckpointError(f"unknown training run {run_id!r}")
+            raise CheckpointError(f"unknown training run {shown(run_id)}")
         return {"owner": DEFAULT_TENANT, **run}
 
     def runs(self, owner: str) -> list[tuple[str, dict[str, Any]]]:
@@ -143,12 +144,17 @@ class CheckpointStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    def meta(self, path: TinkerPath) -> dict[str, Any]:
+        """A checkpoint's ``meta.json`` (its ``time`` tells one save from the next), without its weights."""
+        meta_file = self.folder(path) / "meta.json"
+        if not meta_file.exists():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        return json.loads(meta_file.read_text())
+
     def load(self, path: TinkerPath, *, optimizer: bool = False
              ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any] | None]:
         folder = self.folder(path)
-        if not (folder / "meta.json").exists():
-            raise CheckpointError(f"checkpoint {path} does not exist")
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = self.meta(path)
         weights = load_file(str(folder / "adapter.safetensors"))
         opt = None
         if optimizer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from typing import NoReturn
 
@@ -10,6 +11,7 @@ import typer
 from skyrl_tinker.tenants import DEFAULT_TENANT, Limits, TenantConfigError, load_api_keys
 
 DEFAULT_PORT = 8000
+API_KEY_VARIABLE = "SKYRL_TINKER_API_KEY"
 
 
 class SamplerEngine(str, Enum):
@@ -39,19 +41,25 @@ def serve(
                                           help="Seconds without a heartbeat before a session is reaped."),
     max_batch_datums: int = typer.Option(1024, "--max-batch-datums",
                                          help="Most datums accepted in one forward_backward request."),
-    api_key: str | None = typer.Option(None, "--api-key", envvar="SKYRL_TINKER_API_KEY",
-                                       help="One shared key (the client's api_key, starting with tml-) every "
-                                       "request must carry; all clients are one tenant. Default: no check."),
-    api_keys: str | None = typer.Option(None, "--api-keys", help="A file of '<tenant> <key>' lines: each "
-                                         "tenant sees only its own sessions, models, samplers and checkpoints."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar=API_KEY_VARIABLE,
+                                       help="One shared key (the client's api_key: tml- and at least 16 more "
+                                       "characters) every request must carry; all clients are one tenant. An empty "
+                                       "key is an error. Default: no check."),
+    api_keys: str | None = typer.Option(None, "--api-keys", help="A file of '<tenant> <key>' lines, readable "
+                                         "by its owner only (chmod 600): each tenant sees only its own sessions, "
+                                         "models, samplers and checkpoints."),
     max_sessions: int = typer.Option(Limits.sessions, "--max-sessions", min=1,
                                      help="Most open sessions (ServiceClients) per tenant."),
     max_adapters: int = typer.Option(Limits.adapters, "--max-adapters", min=1,
                                      help="Most live training models (LoRA adapters) per tenant."),
     max_queued_requests: int = typer.Option(Limits.queued, "--max-queued-requests", min=1,
                                             help="Most requests queued or running per tenant."),
+    max_sampling_sessions: int = typer.Option(Limits.sampling_sessions, "--max-sampling-sessions", min=1,
+                                              help="Most open sampling sessions (SamplingClients) per tenant; "
+                                              "past it, the tenant's least recently used idle one is closed."),
     max_body_mb: int = typer.Option(64, "--max-body-mb", min=1, help="Largest request body in MB; a "
-                                    "zstd-compressed body may decompress to 4x this."),
+                                    "zstd-compressed forward_backward body may decompress to at most 4x this (and "
+                                    "to no more than the largest valid batch needs)."),
     sampler_engine: SamplerEngine = SAMPLER_ENGINE_OPTION,
     sampler_gpu_memory_utilization: float = typer.Option(
         0.4, "--sampler-gpu-memory-utilization", min=0.05, max=0.95,
@@ -66,6 +74,8 @@ def serve(
 
     from skyrl_tinker.app import ServerConfig, create_app
 
+    if api_key is None and api_keys is None and os.environ.get(API_KEY_VARIABLE) == "":
+        api_key = ""  # click reads an empty variable as unset; here it is a key that went missing (checked below)
     if api_key is not None and api_keys is not None:
         _fail("give --api-key (one shared key; also read from SKYRL_TINKER_API_KEY) or --api-keys FILE "
               "(a key per tenant), not both")
@@ -77,8 +87,13 @@ def serve(
                           session_timeout=session_timeout, max_batch_datums=max_batch_datums, api_key=api_key,
                           api_keys=keys, sampler_engine=sampler_engine.value,
                           sampler_gpu_memory_utilization=sampler_gpu_memory_utilization, max_sessions=max_sessions,
-                          max_adapters=max_adapters, max_queued_requests=max_queued_requests, max_body_mb=max_body_mb,
+                          max_adapters=max_adapters, max_queued_requests=max_queued_requests,
+                          max_sampling_sessions=max_sampling_sessions, max_body_mb=max_body_mb,
                           allowed_hosts=tuple(allowed_hosts or ()), bound_host=host, seed=seed)
+    try:
+        config.tenant_keys()  # an unusable key (an empty --api-key: an unset variable) fails before the model loads
+    except TenantConfigError as exc:
+        _fail(str(exc))
     try:
         app = create_app(config)
     except EngineError as exc:  # e.g. --sampler-engine vllm without vLLM or a GPU: the reason, no traceback

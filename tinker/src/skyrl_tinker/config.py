@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from skyrl_core.http_hygiene import JSON_TYPES, HttpLimits
 
 from skyrl_tinker.sampler import SamplerEngineKind
-from skyrl_tinker.tenants import DEFAULT_TENANT, Limits
+from skyrl_tinker.tenants import DEFAULT_TENANT, Limits, TenantConfigError, check_key
 
 BODY_TYPES = JSON_TYPES | {"application/x-protobuf"}  # what the tinker client sends
+BODY_ENCODINGS = frozenset({"zstd"})  # the client compresses forward_backward bodies; routes decompress them
 
 
 @dataclass
@@ -30,27 +31,35 @@ class ServerConfig:
     max_sessions: int = Limits.sessions  # per tenant
     max_adapters: int = Limits.adapters  # per tenant
     max_queued_requests: int = Limits.queued  # per tenant
-    max_body_mb: int = 64  # the largest request body; a zstd body may decompress to 4x this
+    max_sampling_sessions: int = Limits.sampling_sessions  # per tenant
+    max_body_mb: int = 64  # the largest request body; a zstd forward_backward body may decompress to at most 4x this
     allowed_hosts: tuple[str, ...] = ()  # Host names answered beyond loopback and bound_host (serve --allowed-host)
     bound_host: str | None = None  # the address the server listens on (serve --host)
     seed: int | None = None  # seeds what requests leave unseeded: sampling, LoRA init (serve --seed; see seeds.py)
 
     def tenant_keys(self) -> dict[str, str] | None:
-        """API key -> tenant; None in single-user mode (no keys: every request is ``DEFAULT_TENANT``)."""
+        """API key -> tenant; None in single-user mode (no keys: every request is ``DEFAULT_TENANT``). Every key
+        passes :func:`~skyrl_tinker.tenants.check_key` (:class:`TenantConfigError` otherwise)."""
         if self.api_key is not None and self.api_keys is not None:
-            raise ValueError("give api_key (one shared key) or api_keys (a key per tenant), not both")
+            raise TenantConfigError("give api_key (one shared key) or api_keys (a key per tenant), not both")
         if self.api_keys is not None:
             if not self.api_keys:
-                raise ValueError("api_keys is empty: give at least one key, or none for single-user mode")
+                raise TenantConfigError("api_keys is empty: give at least one key, or none for single-user mode")
+            for key, tenant in self.api_keys.items():
+                check_key(key, f"the key of tenant {tenant!r}")
             return dict(self.api_keys)
-        return None if self.api_key is None else {self.api_key: DEFAULT_TENANT}
+        if self.api_key is None:
+            return None
+        check_key(self.api_key, "--api-key")
+        return {self.api_key: DEFAULT_TENANT}
 
-    @property
-    def max_decompressed_bytes(self) -> int:
-        return 4 * self.max_body_mb * 1024 * 1024
+    def limits(self) -> Limits:
+        """What one tenant may hold at once."""
+        return Limits(sessions=self.max_sessions, adapters=self.max_adapters, queued=self.max_queued_requests,
+                      sampling_sessions=self.max_sampling_sessions)
 
     def http_limits(self) -> HttpLimits:
         """What a request may be before a route reads it. A JSON value costs the parser up to ~60 bytes, so at
         most 4 million values (forward_backward batches travel as protobuf, whose size alone is checked)."""
         return HttpLimits(max_body_bytes=self.max_body_mb * 1024 * 1024, max_json_items=4_000_000,
-                          allowed_hosts=self.allowed_hosts, body_types=BODY_TYPES)
+                          allowed_hosts=self.allowed_hosts, body_types=BODY_TYPES, body_encodings=BODY_ENCODINGS)

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from skyrl_core.http_hygiene import shown
+
 Result = bytes | dict[str, Any]
 
 
@@ -186,5 +188,5 @@ class FutureStore:
 
 def _message(exc: Exception) -> str:
     if isinstance(exc, KeyError):
-        return f"unknown model id {exc.args[0]!r}" if exc.args else "unknown model id"
+        return f"unknown model id {shown(exc.args[0])}" if exc.args else "unknown model id"
     return str(exc)

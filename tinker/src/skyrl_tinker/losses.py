@@ -16,13 +16,15 @@ over its datums (Tinker does not normalise; the client scales advantages or weig
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from skyrl_core.http_hygiene import shown
 from skyrl_trainers.algorithms.policy_losses import ppo_clip_loss
+
+from skyrl_tinker.fields import FieldError, check_number
 
 LOSS_INPUTS: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("target_tokens",),
@@ -38,6 +40,10 @@ LOSS_CONFIG: dict[str, dict[str, float]] = {
     "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "dro": {"beta": 0.05},
 }
+# (lo, hi) of each config value: ratio bounds around 1 (a ratio never passes e^20, see _LOG_RATIO_LIMIT), and a
+# dro beta that keeps beta/2 (logp - q)^2 far from float32's limit
+CONFIG_BOUNDS: dict[str, tuple[float, float]] = {"clip_low_threshold": (0.0, 1.0), "clip_high_threshold": (1.0, 1e9),
+                                                 "beta": (0.0, 1e4)}
 OPTIONAL_INPUTS = ("weights",)
 SUPPORTED_LOSSES = tuple(LOSS_INPUTS)
 _LOG_RATIO_LIMIT = 20.0  # as in our ppo_clip_loss: exp() never overflows on a stale sample
@@ -63,23 +69,22 @@ class LossBatch:
 
 
 def resolve_config(loss_fn: str, config: Mapping[str, float | str] | None) -> dict[str, float]:
-    """The loss's config with defaults filled in; unknown losses or keys are errors."""
+    """The loss's config with defaults filled in; unknown losses or keys, and values outside
+    ``CONFIG_BOUNDS`` (judged as float32 by :func:`~skyrl_tinker.fields.check_number`), are errors."""
     if loss_fn not in LOSS_CONFIG:
-        raise LossInputError(f"loss_fn {loss_fn!r} is not supported by skyrl-tinker; supported: "
+        raise LossInputError(f"loss_fn {shown(loss_fn)} is not supported by skyrl-tinker; supported: "
                              f"{', '.join(SUPPORTED_LOSSES)}")
     resolved = dict(LOSS_CONFIG[loss_fn])
     for key, value in (config or {}).items():
         if key not in resolved:
             allowed = ", ".join(resolved) or "none"
-            raise LossInputError(f"loss_fn_config key {key!r} is not used by {loss_fn!r} (accepted: {allowed})")
+            raise LossInputError(f"loss_fn_config key {shown(key)} is not used by {loss_fn!r} (accepted: {allowed})")
         try:
-            resolved[key] = float(value)
-        except (TypeError, ValueError):
-            raise LossInputError(f"loss_fn_config[{key!r}] must be a number, got {value!r}") from None
-        if not math.isfinite(resolved[key]):
-            raise LossInputError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
-    if "clip_low_threshold" in resolved and not 0 <= resolved["clip_low_threshold"] <= 1 <= resolved["clip_high_threshold"]:
-        raise LossInputError("need 0 <= clip_low_threshold <= 1 <= clip_high_threshold, got "
+            resolved[key] = check_number(value, f"loss_fn_config[{key!r}]", *CONFIG_BOUNDS[key])
+        except FieldError as exc:
+            raise LossInputError(str(exc)) from None
+    if "clip_low_threshold" in resolved and not resolved["clip_low_threshold"] <= resolved["clip_high_threshold"]:
+        raise LossInputError("need clip_low_threshold <= clip_high_threshold, got "
                              f"{resolved['clip_low_threshold']} and {resolved['clip_high_threshold']}")
     return resolved
 
@@ -102,14 +107,14 @@ def check_datum(loss_fn: str, index: int, tokens: list[int], inputs: Mapping[str
                              f"missing {missing}")
     unknown = [k for k in inputs if k not in required and k not in OPTIONAL_INPUTS]
     if unknown:
-        raise LossInputError(f"datum {index}: loss_fn_inputs {unknown} are not used by {loss_fn!r} "
+        raise LossInputError(f"datum {index}: loss_fn_inputs {shown(unknown)} are not used by {loss_fn!r} "
                              f"(accepted: {list(required) + list(OPTIONAL_INPUTS)})")
     for key, value in inputs.items():
         if value.shape != (n,):
-            raise LossInputError(f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(value.shape)}, "
+            raise LossInputError(f"datum {index}: loss_fn_inputs[{shown(key)}] has shape {list(value.shape)}, "
                                  f"expected [{n}] (one entry per model_input token)")
         if not np.all(np.isfinite(value)):
-            raise LossInputError(f"datum {index}: loss_fn_inputs[{key!r}] has NaN or infinite values")
+            raise LossInputError(f"datum {index}: loss_fn_inputs[{shown(key)}] has NaN or infinite values")
     targets = inputs["target_tokens"]
     if not np.issubdtype(targets.dtype, np.integer) and not np.array_equal(targets, np.round(targets)):
         raise LossInputError(f"datum {index}: loss_fn_inputs['target_tokens'] must be whole token ids")
@@ -151,7 +156,7 @@ def elementwise_loss(loss_fn: str, logp: torch.Tensor, batch: LossBatch, config:
     elif loss_fn == "dro":
         per_token = -(adv * logp - 0.5 * config["beta"] * (logp - q) ** 2)
     else:
-        raise LossInputError(f"loss_fn {loss_fn!r} is not supported")
+        raise LossInputError(f"loss_fn {shown(loss_fn)} is not supported")
     return per_token * batch.weights * batch.valid
 
 

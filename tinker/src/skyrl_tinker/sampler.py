@@ -11,6 +11,11 @@ and maps them onto its fused layers (``qkv_proj``, ``gate_up_proj``). Requests f
 go to the engine as they come and decode together in its batcher (the ``hf`` engine gathers a burst of
 them before it starts); a request for another sampler waits until
 those in flight are done, then the weights are swapped.
+Fair share: requests wait in a queue per tenant, and tenants take turns. No more than ``max_rows``
+samples are in flight; once there is room, a turn starts the next tenant's leading requests for one
+sampler that fit it (the first always). So one tenant's flood delays another's request by about
+``max_rows`` samples, not the whole flood (the engine would otherwise decode the flood's rows first,
+in arrival order).
 Logprobs are the model's raw log-softmax (``logprobs_mode="raw"``) whatever the temperature, the
 same quantity the engine's ``prompt_logprobs`` computes, so ``compute_logprobs`` on sampled tokens
 reproduces the logprobs returned with them.
@@ -23,6 +28,7 @@ import contextlib
 import logging
 import math
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -39,6 +45,8 @@ from skyrl_tinker.futures import Future, FutureStore
 from skyrl_tinker.wire import MASK_LOGPROB, encode_sample_response
 
 log = logging.getLogger(__name__)
+
+MAX_ROWS = 256  # samples in flight at once (the hf engine decodes 64 at a time; vLLM batches more)
 
 
 @dataclass(frozen=True)
@@ -134,14 +142,16 @@ class Sampler:
     """Owns the engine (and closes it on :meth:`stop`) and a thread running the sampler's event loop."""
 
     def __init__(self, engine: SamplingEngine, base_linear_weights: Mapping[str, torch.Tensor],
-                 futures: FutureStore) -> None:
+                 futures: FutureStore, max_rows: int = MAX_ROWS) -> None:
         self.engine = engine
         self.base = base_linear_weights
         self.futures = futures
+        self.max_rows = max_rows
         self._loaded_key = "base"
         self._loaded_names: set[str] = set()
         self._loop = asyncio.new_event_loop()
-        self._queue: asyncio.Queue[SampleJob] | None = None
+        self._waiting: dict[str, deque[SampleJob]] = {}  # tenant -> its jobs in arrival order (on the loop)
+        self._arrived: asyncio.Event | None = None
         self._running: dict[str, asyncio.Task[None]] = {}  # request id -> its job (on the sampler's loop)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run_loop, name="tinker-sample", daemon=True)
@@ -163,8 +173,12 @@ class Sampler:
         self.engine.close()
 
     def submit(self, job: SampleJob) -> None:
-        assert self._queue is not None
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
+        self._loop.call_soon_threadsafe(self._enqueue, job)
+
+    def _enqueue(self, job: SampleJob) -> None:
+        assert self._arrived is not None
+        self._waiting.setdefault(job.future.tenant, deque()).append(job)
+        self._arrived.set()
 
     def cancel(self, request_id: str) -> None:
         """Stop a running request: its rows leave the engine's batch at the next step. The caller settles
@@ -178,34 +192,70 @@ class Sampler:
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._queue = asyncio.Queue()
+        self._arrived = asyncio.Event()
         self._task = self._loop.create_task(self._consume())
         self._ready.set()
         self._loop.run_forever()
 
     async def _consume(self) -> None:
-        """Start each request as it arrives; a request for other weights first waits for the requests
+        """Start the tenants' turns as they come; a turn for other weights first waits for the requests
         in flight to finish, then swaps the weights (so no sample ever mixes two samplers' weights)."""
-        assert self._queue is not None
-        in_flight: set[asyncio.Task[None]] = set()
+        assert self._arrived is not None
+        in_flight: dict[asyncio.Task[None], int] = {}  # running job -> its samples
         while True:
-            job = await self._queue.get()
-            if job.weights.key != self._loaded_key and not job.future.done:
-                if in_flight:
-                    await asyncio.wait(set(in_flight))
-                try:
-                    await self._load(job.weights)
-                except Exception as exc:  # a broken weight set fails its request, not the sampler
-                    log.exception("loading sampler weights failed")
+            while in_flight and sum(in_flight.values()) >= self.max_rows:
+                await asyncio.wait(set(in_flight), return_when=asyncio.FIRST_COMPLETED)
+            turn = self._next_turn(self.max_rows - sum(in_flight.values()))
+            if turn:
+                await self._start_turn(turn, in_flight)
+            else:
+                self._arrived.clear()
+                await self._arrived.wait()
+
+    async def _start_turn(self, turn: list[SampleJob], in_flight: dict[asyncio.Task[None], int]) -> None:
+        """Swap the weights if the turn's are not loaded, then start its requests as room frees (a
+        helper, so that no job of it stays referenced, and its weights alive, once it is done)."""
+        if turn[0].weights.key != self._loaded_key:
+            if in_flight:
+                await asyncio.wait(set(in_flight))
+            try:
+                await self._load(turn[0].weights)
+            except Exception as exc:  # a broken weight set fails its requests, not the sampler
+                log.exception("loading sampler weights failed")
+                for job in turn:
                     self.futures.fail(job.future, f"internal error: {type(exc).__name__}: {exc}", "server")
-                    continue
-            if job.future.done:  # cancelled (or its session reaped) before it started
+                return
+        for job in turn:
+            while in_flight and sum(in_flight.values()) + job.num_samples > self.max_rows:
+                await asyncio.wait(set(in_flight), return_when=asyncio.FIRST_COMPLETED)
+            if not job.future.done:  # else cancelled (or its session reaped) before it started
+                self._start(job, in_flight)
+
+    def _next_turn(self, room: int) -> list[SampleJob]:
+        """The next tenant's leading requests for one set of weights, up to ``room`` samples (the first
+        always); that tenant then waits for every other tenant's turn. Settled requests are skipped."""
+        for tenant in list(self._waiting):
+            jobs = self._waiting.pop(tenant)
+            while jobs and jobs[0].future.done:
+                jobs.popleft()
+            if not jobs:
                 continue
-            task = asyncio.create_task(self._run_job(job))
-            in_flight.add(task)
-            task.add_done_callback(in_flight.discard)
-            self._running[job.future.request_id] = task
-            task.add_done_callback(lambda _, request_id=job.future.request_id: self._running.pop(request_id, None))
+            turn = [jobs.popleft()]
+            rows = turn[0].num_samples
+            while jobs and jobs[0].weights.key == turn[0].weights.key and rows + jobs[0].num_samples <= room:
+                rows += jobs[0].num_samples
+                turn.append(jobs.popleft())
+            if jobs:
+                self._waiting[tenant] = jobs
+            return turn
+        return []
+
+    def _start(self, job: SampleJob, in_flight: dict[asyncio.Task[None], int]) -> None:
+        task = asyncio.create_task(self._run_job(job))
+        in_flight[task] = job.num_samples
+        task.add_done_callback(lambda _: in_flight.pop(task, None))
+        self._running[job.future.request_id] = task
+        task.add_done_callback(lambda _, request_id=job.future.request_id: self._running.pop(request_id, None))
 
     async def _run_job(self, job: SampleJob) -> None:
         try:

@@ -15,20 +15,25 @@ bits). A tenant past one of its :class:`~skyrl_tinker.tenants.Limits` gets a 429
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import secrets
+import threading
+import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from skyrl_core.engine import SamplingParams
+from skyrl_core.http_hygiene import shown, validation_detail
 
 from skyrl_tinker.backend import ADAM_DEFAULTS, AdapterSpec, Backend
 from skyrl_tinker.checkpoints import CheckpointError, CheckpointStore, TinkerPath, new_run_id
-from skyrl_tinker.fields import INT64_MAX, FieldError, Fields, integers
+from skyrl_tinker.fields import FLOAT32_MAX, INT64_MAX, FieldError, Fields, integers
 from skyrl_tinker.futures import Future, FutureStore, Result
 from skyrl_tinker.losses import LossInputError
 from skyrl_tinker.sampler import SampleJob, Sampler, SamplerWeights
@@ -45,6 +50,10 @@ MAX_LORA_RANK = 256
 DEFAULT_MAX_TOKENS = 256
 FUTURE_TTL = 3600.0  # seconds a finished result stays retrievable
 MAX_TOPK = 64
+MAX_TEMPERATURE = 100.0  # far past any useful sampling temperature (the distribution is uniform long before)
+# (lo, hi) of each AdamParams field: a step size over 1, or an eps over 1, is no optimizer setting anyone means
+ADAM_BOUNDS = {"learning_rate": (0.0, 1.0), "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, 1.0),
+               "weight_decay": (0.0, 1e4), "grad_clip_norm": (0.0, FLOAT32_MAX)}
 UNSUPPORTED_SAMPLE_FIELDS = {"topk_sample_logprobs": "top-k sample logprobs",
                              "target_prompt_logprobs": "target prompt logprobs",
                              "prompt_alt_tokens_k": "prompt alternative tokens"}
@@ -79,6 +88,14 @@ class SamplingSession:
     session_id: str
     weights: SamplerWeights
     model_path: str | None
+    last_used: int = 0  # a tick of the service's clock: when it was opened or last sampled
+    samples: list[Future] = field(default_factory=list)  # its samples still in the future store (at the last look)
+
+    def busy(self, futures: FutureStore) -> bool:
+        """Whether a sample of it is queued, running, or done but not yet collected: the client acknowledges
+        what it fetched (``retrieve_futures``), which drops the future. Closing it would fail its poll."""
+        self.samples = [f for f in self.samples if futures.get(f.request_id) is f]
+        return bool(self.samples)
 
 
 class TinkerService:
@@ -95,7 +112,12 @@ class TinkerService:
         self.worker = TrainWorker(backend, futures)
         self.models: dict[str, ModelInfo] = {}
         self.sampling: dict[str, SamplingSession] = {}
+        self._sampling_lock = threading.Lock()  # opened by routes and the training worker, closed by both
+        self._ticks = itertools.count(1)
         self.base_weights = SamplerWeights("base", {})
+        # a checkpoint's weights by key, loaded once for every sampling session and sample that uses them,
+        # dropped with the last one
+        self.loaded_weights: weakref.WeakValueDictionary[str, SamplerWeights] = weakref.WeakValueDictionary()
 
     def start(self) -> None:
         self.worker.start()
@@ -114,25 +136,28 @@ class TinkerService:
 
     def _check_base(self, base_model: str | None) -> None:
         if base_model not in (None, self.backend.base_model_name, self.backend.tokenizer_source):
-            raise RequestError(400, f"base model {base_model!r} is not served here; this server serves "
+            raise RequestError(400, f"base model {shown(base_model)} is not served here; this server serves "
                                     f"{self.backend.base_model_name!r} (skyrl-tinker serve --base-model)")
 
     # --- what a tenant owns, and how much ----------------------------------------------------------
 
     def _session(self, tenant: str, session_id: str) -> Session:
-        return _owned(self.sessions.get(session_id), tenant, f"unknown or expired session {_shown(session_id)} "
+        return _owned(self.sessions.get(session_id), tenant, f"unknown or expired session {shown(session_id)} "
                                                                 "(sessions end when heartbeats stop)")
 
     def _model(self, tenant: str, model_id: str) -> ModelInfo:
         return _owned(self.models.get(model_id), tenant,
-                      f"unknown model id {_shown(model_id)}; create it with create_model or load_weights")
+                      f"unknown model id {shown(model_id)}; create it with create_model or load_weights")
 
     def _sampling(self, tenant: str, sampling_id: str) -> SamplingSession:
-        return _owned(self.sampling.get(sampling_id), tenant, f"unknown sampling session {_shown(sampling_id)}")
+        return _owned(self.sampling.get(sampling_id), tenant,
+                      f"unknown sampling session {shown(sampling_id)} (sampling sessions end with their session, "
+                      "and a tenant's least recently used idle one is closed when it opens more than "
+                      "--max-sampling-sessions)")
 
     def future(self, tenant: str, request_id: str) -> Future:
         return _owned(self.futures.get(request_id), tenant,
-                      f"unknown request id {_shown(request_id)} (never issued, or its session was reaped)")
+                      f"unknown request id {shown(request_id)} (never issued, or its session was reaped)")
 
     def _run_info(self, run_id: str) -> dict[str, Any]:
         try:
@@ -143,14 +168,14 @@ class TinkerService:
     def _own_run(self, tenant: str, run_id: str) -> dict[str, Any]:
         run = self._run_info(run_id)
         if run["owner"] != tenant:
-            raise RequestError(404, f"unknown training run {run_id!r}")
+            raise RequestError(404, f"unknown training run {shown(run_id)}")
         return run
 
     def _readable(self, tenant: str, path: TinkerPath) -> dict[str, Any]:
         """The run of a checkpoint ``tenant`` may load: its own, or one its owner published."""
         run = self._run_info(path.run_id)
         if run["owner"] != tenant and not self.checkpoints.is_public(path):
-            raise RequestError(404, f"unknown training run {path.run_id!r}")
+            raise RequestError(404, f"unknown training run {shown(path.run_id)}")
         return run
 
     def _new_future(self, tenant: str, kind: str, session_id: str | None, target: tuple[str, int] | None = None
@@ -179,7 +204,7 @@ class TinkerService:
         session_id = Fields(body).text("session_id")
         session = self.sessions.get(session_id)
         if session is None or session.tenant != tenant or not self.sessions.touch(session_id):
-            raise RequestError(410, f"session {session_id!r} is unknown, finished or expired")
+            raise RequestError(410, f"session {shown(session_id)} is unknown, finished or expired")
 
     def finish_session(self, tenant: str, session_id: str) -> None:
         self._session(tenant, session_id)
@@ -195,7 +220,7 @@ class TinkerService:
         self._check_base(fields.text("base_model", None))
         optimizer = fields.obj("optimizer_config").text("type", "adamw")
         if optimizer != "adamw":
-            raise RequestError(400, f"optimizer {optimizer!r} is not supported; skyrl-tinker implements adamw only")
+            raise RequestError(400, f"optimizer {shown(optimizer)} is not supported; skyrl-tinker implements adamw only")
         lora = fields.obj("lora_config")
         if not lora:
             raise RequestError(400, "full fine-tuning (no lora_config) is not supported; skyrl-tinker trains LoRA adapters")
@@ -214,7 +239,7 @@ class TinkerService:
     def _register(self, tenant: str, session: Session, model_id: str, run_id: str, spec: AdapterSpec,
                   load: TinkerPath | None, optimizer: bool = False) -> Future:
         if model_id in self.models:
-            raise RequestError(400, f"model {model_id!r} already exists")
+            raise RequestError(400, f"model {shown(model_id)} already exists")
         _check_limit(tenant, sum(m.tenant == tenant for m in list(self.models.values())), self.limits.adapters,
                      "models (LoRA adapters)", "--max-adapters",
                      "unload the models you are done with, or close their ServiceClients", _DO_NOT_RETRY)
@@ -309,6 +334,9 @@ class TinkerService:
         if name is None and body.get("sampling_session_seq_id") is None:
             raise RequestError(400, "save_weights_for_sampler needs a path or a sampling_session_seq_id")
         path = self._new_path(info.run_id, "sampler_weights", name) if name is not None else None
+        if path is None:  # a 429 now, which the client retries, rather than a failed request later
+            with self._sampling_lock:
+                self._make_room(tenant)
 
         def run(backend: Backend) -> dict[str, Any]:
             state = backend.adapter_state(info.model_id)
@@ -317,7 +345,10 @@ class TinkerService:
                 return {"type": "save_weights_for_sampler", "path": str(path)}
             info.sampler_seq += 1
             weights = SamplerWeights(f"{info.model_id}:ephemeral:{info.sampler_seq}", state, info.spec.rank)
-            sampling_id = self._add_sampling(info.tenant, info.session_id, weights, None)
+            try:
+                sampling_id = self._add_sampling(info.tenant, info.session_id, weights, None)
+            except RequestError as exc:  # its session ended meanwhile, or every sampling session got busy
+                raise ValueError(exc.message) from None
             return {"type": "save_weights_for_sampler", "sampling_session_id": sampling_id}
 
         return self._queue(info, "save_weights_for_sampler", run)
@@ -336,7 +367,7 @@ class TinkerService:
             return self._register(tenant, session, model_id, new_run_id(), spec, path, optimizer)
         info = self._model(tenant, fields.text("model_id"))
         if self._readable(tenant, path)["lora"] != info.spec.to_dict():
-            raise RequestError(400, f"checkpoint {path} has a different LoRA config than model {info.model_id!r}")
+            raise RequestError(400, f"checkpoint {shown(str(path))} has a different LoRA config than model {shown(info.model_id)}")
 
         def run(backend: Backend) -> dict[str, Any]:
             weights, _, opt = self.checkpoints.load(path, optimizer=optimizer)
@@ -355,7 +386,7 @@ class TinkerService:
         try:
             return TinkerPath(run_id, kind, name)
         except CheckpointError:
-            raise RequestError(400, f"checkpoint name {name!r} must be letters, digits, '.', '_' or '-'") from None
+            raise RequestError(400, f"checkpoint name {shown(name)} must be letters, digits, '.', '_' or '-'") from None
 
     def _path(self, path: str) -> TinkerPath:
         try:
@@ -428,22 +459,62 @@ class TinkerService:
         return {"type": "create_sampling_session", "sampling_session_id": sampling_id}
 
     def _add_sampling(self, tenant: str, session_id: str, weights: SamplerWeights, model_path: str | None) -> str:
+        """Open a sampling session in ``session_id`` (which must still be open: a session's sampling
+        sessions end with it), making room for it under the tenant's limit first."""
         sampling_id = f"smp-{secrets.token_hex(16)}"
-        self.sampling[sampling_id] = SamplingSession(sampling_id, tenant, session_id, weights, model_path)
-        session = self.sessions.get(session_id)
-        if session is not None:
+        with self._sampling_lock:
+            session = self.sessions.get(session_id)
+            if session is None or session.finished:
+                raise RequestError(404, f"unknown or expired session {shown(session_id)} "
+                                        "(sessions end when heartbeats stop)")
+            self._make_room(tenant)
+            self.sampling[sampling_id] = SamplingSession(sampling_id, tenant, session_id, weights, model_path,
+                                                         next(self._ticks))
             session.samplers.add(sampling_id)
         return sampling_id
 
+    def _make_room(self, tenant: str) -> None:
+        """Close the tenant's least recently used idle sampling sessions until one more fits its limit
+        (the client opens one per SamplingClient and never closes them: an RL loop opens one a step);
+        429 when every one is busy (see ``SamplingSession.busy``). Called with the lock held."""
+        mine = sorted((s for s in self.sampling.values() if s.tenant == tenant), key=lambda s: s.last_used)
+        excess = len(mine) - self.limits.sampling_sessions + 1
+        if excess <= 0:
+            return
+        idle = [s for s in mine if not s.busy(self.futures)]
+        _check_limit(tenant, len(mine) - len(idle), self.limits.sampling_sessions,
+                     "sampling sessions with samples queued, running or not yet collected", "--max-sampling-sessions",
+                     "the least recently used idle one is closed when another opens, so collect the results of "
+                     "samples sent", _RETRY_SOON)
+        for sampling in idle[:excess]:
+            self._close_sampling(sampling.sampling_session_id, self.sessions.get(sampling.session_id))
+
+    def _close_sampling(self, sampling_id: str, session: Session | None) -> None:
+        """Forget a sampling session and its completion logs (its weights go with their last user)."""
+        self.sampling.pop(sampling_id, None)
+        if session is not None:
+            session.samplers.discard(sampling_id)
+        self.futures.forget_sampling_session(sampling_id)
+
+    def _used(self, sampling: SamplingSession, sample: Future) -> None:
+        with self._sampling_lock:
+            sampling.busy(self.futures)  # drops the samples collected
+            sampling.last_used = next(self._ticks)
+            sampling.samples.append(sample)
+
     def _checkpoint_weights(self, tenant: str, model_path: str) -> SamplerWeights:
+        """A checkpoint's weights, read from disk only when no sampling session or sample holds them."""
         path = self._path(model_path)
         self._readable(tenant, path)
         try:
-            state, meta, _ = self.checkpoints.load(path)
+            weights = self.loaded_weights.get(_weights_key(path, self.checkpoints.meta(path)))
+            if weights is None:
+                state, meta, _ = self.checkpoints.load(path)
+                weights = SamplerWeights(_weights_key(path, meta), state, int(meta["lora"]["rank"]))
+                weights = self.loaded_weights.setdefault(weights.key, weights)
         except CheckpointError as exc:
             raise RequestError(404, str(exc)) from None
-        # keyed by the save too: a checkpoint saved over must not pass for the one the engine holds
-        return SamplerWeights(f"{path}@{meta.get('time')}", state, int(meta["lora"]["rank"]))
+        return weights
 
     def sampler_info(self, tenant: str, sampling_id: str) -> dict[str, Any]:
         sampling = self._sampling(tenant, sampling_id)
@@ -456,7 +527,7 @@ class TinkerService:
         target = fields.obj("target")
         kind = target.text("type", "sampling_session")
         if kind != "sampling_session":
-            raise RequestError(400, f"retrieve_futures polls sampling sessions only, not {kind!r}")
+            raise RequestError(400, f"retrieve_futures polls sampling sessions only, not {shown(kind)}")
         sampling_id = target.text("sampling_session_id")
         key = (sampling_id, target.integer("cloned_sampler_id", 0))
         wait = min(fields.number("timeout", max_wait, lo=0.0), max_wait)
@@ -496,6 +567,8 @@ class TinkerService:
         last_n = fields.integer("prompt_logprobs_last_n", None, lo=1, hi=len(prompt) - 1)
         topk = fields.integer("topk_prompt_logprobs", 0, lo=0, hi=MAX_TOPK)
         future = self._new_future(tenant, "sample", session_id, target)
+        if target is not None:
+            self._used(sampling, future)
         self.sampler.submit(SampleJob(future, weights, prompt, n, params, fields.flag("prompt_logprobs"), last_n, topk))
         return future, [f"{future.request_id}:{i}" for i in range(n)]
 
@@ -505,10 +578,10 @@ class TinkerService:
         """Free what a finished or reaped session held (checkpoints on disk stay)."""
         for model_id in list(session.models):
             if self.models.pop(model_id, None) is not None:
-                self.worker.submit(Job(None, model_id, run=partial(_drop, model_id)))
-        for sampling_id in session.samplers:
-            self.sampling.pop(sampling_id, None)
-            self.futures.forget_sampling_session(sampling_id)
+                self.worker.submit(Job(None, model_id, run=partial(_drop, model_id), tenant=session.tenant))
+        with self._sampling_lock:
+            for sampling_id in list(session.samplers):
+                self._close_sampling(sampling_id, session)
         for future in self.futures.forget_session(session.session_id):
             if future.kind == "sample":  # nobody will fetch it: stop decoding it
                 self._stop_sample(future, "its session was reaped")
@@ -545,14 +618,19 @@ def _check_limit(tenant: str, used: int, limit: int, what: str, option: str, hin
 
 
 def _adam_params(raw: Fields) -> dict[str, float]:
-    """Tinker's AdamParams, every one a finite number >= 0 (``ADAM_DEFAULTS`` for those not sent)."""
+    """Tinker's AdamParams within ``ADAM_BOUNDS`` (``ADAM_DEFAULTS`` for those not sent)."""
     kind = raw.text("type", "adam")
     if kind not in ("adam", "adamw"):
-        raise RequestError(400, f"optimizer {kind!r} is not supported; skyrl-tinker implements adamw only")
-    params = {key: raw.number(key, default, lo=0.0, nullable=False) for key, default in ADAM_DEFAULTS.items()}
+        raise RequestError(400, f"optimizer {shown(kind)} is not supported; skyrl-tinker implements adamw only")
+    params = {key: raw.number(key, default, lo=ADAM_BOUNDS[key][0], hi=ADAM_BOUNDS[key][1], nullable=False)
+              for key, default in ADAM_DEFAULTS.items()}
     for key in ("beta1", "beta2"):
         if params[key] >= 1:
             raise FieldError(f"adam_params.{key} must be below 1, got {params[key]}")
+    if params["learning_rate"] * params["weight_decay"] > 1:
+        raise FieldError("adam_params.learning_rate x adam_params.weight_decay must be at most 1 (AdamW multiplies "
+                         f"every weight by 1 - their product each step), got {params['learning_rate']:g} x "
+                         f"{params['weight_decay']:g}")
     return params
 
 
@@ -562,7 +640,7 @@ def _prompt_tokens(prompt: Fields) -> list[int]:
         chunk = Fields(raw, f"prompt.chunks[{i}]")
         kind = chunk.text("type", "encoded_text")
         if kind != "encoded_text":
-            raise RequestError(400, f"prompt chunk type {kind!r} is not supported (token chunks only)")
+            raise RequestError(400, f"prompt chunk type {shown(kind)} is not supported (token chunks only)")
         tokens += integers(chunk.items("tokens"), f"prompt.chunks[{i}].tokens")
     return tokens
 
@@ -586,13 +664,18 @@ def _sampling_params(raw: Fields, num_samples: int, prompt_len: int, max_context
                          f"got seed {seed}")
     try:
         return SamplingParams(max_tokens=raw.integer("max_tokens", DEFAULT_MAX_TOKENS, lo=1),
-                              temperature=raw.number("temperature", 1.0), top_p=raw.number("top_p", 1.0),
+                              temperature=raw.number("temperature", 1.0, lo=0.0, hi=MAX_TEMPERATURE),
+                              top_p=raw.number("top_p", 1.0, lo=0.0, hi=1.0, above=True),
                               top_k=raw.integer("top_k", -1), stop=strings, stop_token_ids=ids, seed=seed,
                               ignore_eos=isinstance(stop, list) and not stop)  # Tinker: [] disables EOS too
-    except FieldError:
-        raise
-    except ValueError as exc:
-        raise RequestError(400, f"bad sampling_params: {exc}") from None
+    except ValidationError as exc:
+        raise RequestError(400, f"bad sampling_params: {validation_detail(exc.errors())}") from None
+
+
+def _weights_key(path: TinkerPath, meta: Mapping[str, Any]) -> str:
+    """Names a checkpoint's weights as saved: a checkpoint saved over must not pass for the one the
+    engine holds, nor share its loaded copy."""
+    return f"{path}@{meta.get('time')}"
 
 
 def _drop(model_id: str, backend: Backend) -> dict[str, Any]:
@@ -615,9 +698,3 @@ def _owned(item: Owned | None, tenant: str, message: str) -> Owned:
     if item is None or getattr(item, "tenant", None) != tenant:
         raise RequestError(404, message)
     return item
-
-
-def _shown(text: str) -> str:
-    """An id as an error quotes it: cut to 80 characters, so a huge id does not come back whole."""
-    quoted = repr(text)
-    return quoted if len(quoted) <= 80 else quoted[:77] + "..."

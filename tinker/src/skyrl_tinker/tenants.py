@@ -13,7 +13,9 @@ service answers another tenant as if the id did not exist (404).
 from __future__ import annotations
 
 import hmac
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,19 +37,35 @@ class Limits:
     sessions: int = 64  # open sessions (one per ServiceClient), --max-sessions
     adapters: int = 64  # live training models (LoRA adapters), --max-adapters
     queued: int = 1024  # requests queued or running (training and sampling), --max-queued-requests
+    # open sampling sessions, --max-sampling-sessions; past it the least recently used idle one is closed
+    sampling_sessions: int = 64
+
+
+def check_key(key: str, where: str) -> None:
+    """Raise :class:`TenantConfigError` unless ``key`` is one a client can send and nobody can guess: it starts
+    with ``tml-`` (the tinker client insists), has at least ``MIN_KEY_LENGTH`` characters and no spaces. The
+    message says what is wrong, never the key. An empty key is the likely result of an unset variable
+    (``--api-key "$KEY"``), so it is named as such rather than taken to mean "no key"."""
+    if not key.strip():
+        raise TenantConfigError(f"{where} is empty (was the variable that should hold it unset?); give a key, or "
+                                "leave the option out for single-user mode")
+    if not key.startswith(KEY_PREFIX) or len(key) < MIN_KEY_LENGTH or not key.isascii() or not key.isprintable() \
+            or any(char.isspace() for char in key):
+        raise TenantConfigError(f"{where} must start with {KEY_PREFIX!r} (the tinker client insists), have at least "
+                                f"{MIN_KEY_LENGTH} characters and no spaces")
 
 
 def load_api_keys(path: str | Path) -> dict[str, str]:
     """Read an ``--api-keys`` file: ``<tenant> <key>`` per line (blank lines and ``#`` comments skipped).
 
-    A tenant name is letters, digits, ``.``, ``_`` or ``-`` (at most 64); a key starts with ``tml-``
-    and has at least 20 characters; a tenant may have several keys, a key one tenant. Returns
-    key -> tenant.
+    A tenant name is letters, digits, ``.``, ``_`` or ``-`` (at most 64); a key passes :func:`check_key`; a
+    tenant may have several keys, a key one tenant. The file must not be readable by group or others (as ssh
+    insists for its keys). No error repeats a key. Returns key -> tenant.
     """
     try:
-        text = Path(path).read_text()
+        text = _private_text(Path(path))
     except (OSError, UnicodeDecodeError) as exc:
-        raise TenantConfigError(f"cannot read the --api-keys file {path}: {exc}") from None
+        raise TenantConfigError(f"cannot read the --api-keys file {path}: {type(exc).__name__}") from None
     keys: dict[str, str] = {}
     line_of: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -58,12 +76,13 @@ def load_api_keys(path: str | Path) -> dict[str, str]:
         if len(fields) != 2:
             raise TenantConfigError(f"{where}: expected '<tenant> <key>', got {len(fields)} fields")
         tenant, key = fields
+        if tenant.startswith(KEY_PREFIX):
+            raise TenantConfigError(f"{where}: the first field looks like a key: the columns are '<tenant> <key>', "
+                                    "tenant first")
         if not _TENANT.fullmatch(tenant):
-            raise TenantConfigError(f"{where}: tenant name {tenant!r} must be letters, digits, '.', '_' or '-' "
-                                    "(at most 64, starting with a letter or digit)")
-        if not key.startswith(KEY_PREFIX) or len(key) < MIN_KEY_LENGTH:
-            raise TenantConfigError(f"{where}: the key of tenant {tenant!r} must start with {KEY_PREFIX!r} (the "
-                                    f"tinker client insists) and have at least {MIN_KEY_LENGTH} characters")
+            raise TenantConfigError(f"{where}: the tenant name must be letters, digits, '.', '_' or '-' (at most 64, "
+                                    "starting with a letter or digit)")
+        check_key(key, f"{where}: the key of tenant {tenant!r}")
         if key in keys:
             raise TenantConfigError(f"{where}: the key of tenant {tenant!r} is already the key of tenant "
                                     f"{keys[key]!r} (line {line_of[key]}); a key names one tenant")
@@ -71,6 +90,16 @@ def load_api_keys(path: str | Path) -> dict[str, str]:
     if not keys:
         raise TenantConfigError(f"the --api-keys file {path} has no keys (one '<tenant> <key>' per line)")
     return keys
+
+
+def _private_text(path: Path) -> str:
+    """The file's text, if only its owner may read it (the keys are everyone's passwords)."""
+    with path.open(encoding="utf-8") as file:
+        mode = os.fstat(file.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise TenantConfigError(f"the --api-keys file {path} may be read or written by others (mode "
+                                    f"{stat.S_IMODE(mode):o}); run chmod 600 {path}")
+        return file.read()
 
 
 def tenant_of(keys: Mapping[str, str] | None, given: str | None) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import zstandard
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from skyrl_core.http_hygiene import shown
 
 _PACKAGE = "skyrl_tinker.wire"
 # descriptor_pb2.FieldDescriptorProto types and labels used below
@@ -28,7 +29,9 @@ _NUMPY_OF_DTYPE = {DTYPE_FLOAT32: np.float32, DTYPE_INT64: np.int64, DTYPE_INT32
 STOP_REASON = {"stop": 0, "length": 1}
 MASK_LOGPROB = -99999.0  # an empty top-k cell (with token id 0), as the client reads it
 DECOMPRESS_CHUNK = 1 << 20  # zstd output is read this much at a time and counted as it comes
-MAX_SPARSE_ELEMENTS = 1 << 24  # a sparse tensor may not expand past this many entries
+# The most a valid protobuf datum spends per token: an int32 id, an int64 target and three float32 inputs
+# (24 bytes), with room for framing. A compressed body may expand to what the largest valid batch needs.
+BYTES_PER_TOKEN = 32
 
 
 class WireError(ValueError):
@@ -118,6 +121,28 @@ _CLASSES = _build_classes()
 
 # --- decoded request -----------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Bounds:
+    """What one forward_backward request may hold, checked from byte and list lengths before anything is
+    turned into Python values: a body of a few kB must not cost gigabytes before it is refused."""
+
+    max_datums: int  # per request (--max-batch-datums)
+    max_tokens: int  # per datum: the model's context; every loss input has one entry per token
+
+    def largest_body(self) -> int:
+        """The size of the largest valid protobuf request (the cap on what a compressed body expands to)."""
+        return self.max_datums * (self.max_tokens * BYTES_PER_TOKEN + 256) + 64 * 1024
+
+    def check_datums(self, count: int) -> None:
+        if count > self.max_datums:
+            raise WireError(f"batch has {count} datums, the server accepts at most {self.max_datums} per request "
+                            "(--max-batch-datums)")
+
+    def check_tokens(self, count: int, index: int) -> None:
+        if count > self.max_tokens:
+            raise WireError(f"datum {index}: {count} tokens, the model's context is {self.max_tokens}")
+
+
 @dataclass
 class DatumIn:
     """One training example: input tokens and named loss inputs (numpy, dense)."""
@@ -143,50 +168,54 @@ def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     if not encoding or encoding.lower() == "identity":
         return body
     if encoding.lower() != "zstd":
-        raise WireError(f"unsupported Content-Encoding {encoding!r}; this server accepts zstd or none")
+        raise WireError(f"unsupported Content-Encoding {shown(encoding)}; this server accepts zstd or none")
     chunks, size = [], 0
     try:
         with zstandard.ZstdDecompressor().stream_reader(body) as reader:
             while chunk := reader.read(DECOMPRESS_CHUNK):
                 size += len(chunk)
                 if size > max_bytes:
-                    raise BodyTooLargeError(f"the zstd body decompresses to more than {max_bytes} bytes, the "
-                                            "server's limit (4 x --max-body-mb)")
+                    raise BodyTooLargeError(f"the zstd body decompresses to more than {max_bytes:,} bytes, the "
+                                            "most a valid request of this server needs")
                 chunks.append(chunk)
-    except zstandard.ZstdError as exc:
-        raise WireError(f"body is not valid zstd: {exc}") from exc
+    except zstandard.ZstdError:
+        raise WireError("body is not valid zstd") from None
     return b"".join(chunks)
 
 
-def parse_forward_backward(body: bytes) -> ForwardBackwardIn:
-    """Decode a protobuf ``ForwardBackwardRequest``."""
+def parse_forward_backward(body: bytes, bounds: Bounds) -> ForwardBackwardIn:
+    """Decode a protobuf ``ForwardBackwardRequest`` within ``bounds``: the datum count, each datum's token
+    count and each tensor's entry count are checked from byte lengths before any of them is materialised."""
     msg = _CLASSES["ForwardBackwardRequest"]()
     try:
         msg.ParseFromString(body)
-    except Exception as exc:  # protobuf raises DecodeError or RuntimeError depending on the backend
-        raise WireError(f"body is not a ForwardBackwardRequest protobuf: {exc}") from exc
+    except Exception:  # protobuf raises DecodeError or RuntimeError depending on the backend
+        raise WireError("body is not a ForwardBackwardRequest protobuf") from None
+    bounds.check_datums(len(msg.data))
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for key, value in msg.loss_fn_config_v2.items():
         config[key] = value.text if value.WhichOneof("value") == "text" else float(value.number)
     data = []
     for i, datum in enumerate(msg.data):
-        tokens: list[int] = []
-        for chunk in datum.model_input:
-            if not chunk.HasField("encoded_text"):
-                raise WireError(f"datum {i}: only token chunks (EncodedTextChunk) are supported; "
-                                "image and audio chunks are not")
-            tokens += np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist()
-        inputs = {name: _tensor(tensor, f"datum {i} loss_fn_inputs[{name!r}]")
+        if not all(chunk.HasField("encoded_text") for chunk in datum.model_input):
+            raise WireError(f"datum {i}: only token chunks (EncodedTextChunk) are supported; "
+                            "image and audio chunks are not")
+        size = sum(len(chunk.encoded_text.tokens) for chunk in datum.model_input)
+        if size % 4:
+            raise WireError(f"datum {i}: its token chunks are not whole int32 ids ({size} bytes)")
+        bounds.check_tokens(size // 4, i)
+        tokens = np.frombuffer(b"".join(chunk.encoded_text.tokens for chunk in datum.model_input), np.int32).tolist()
+        inputs = {name: _tensor(tensor, f"datum {i} loss_fn_inputs[{shown(name)}]", bounds.max_tokens)
                   for name, tensor in datum.loss_fn_inputs.items()}
         data.append(DatumIn(tokens, inputs))
     return ForwardBackwardIn(msg.model_id, msg.seq_id or None, data, msg.loss_fn, config, msg.forward_only)
 
 
-def _tensor(msg: Any, where: str) -> np.ndarray:
+def _tensor(msg: Any, where: str, max_entries: int) -> np.ndarray:
     np_dtype = _NUMPY_OF_DTYPE.get(msg.dtype)
     if np_dtype is None:
         raise WireError(f"{where}: unsupported dtype code {msg.dtype}")
-    shape = [int(s) for s in msg.shape]
+    shape = _bounded_shape([int(s) for s in msg.shape], where, max_entries)
     try:
         if msg.WhichOneof("encoding") == "sparse_csr":
             csr = msg.sparse_csr
@@ -195,48 +224,55 @@ def _tensor(msg: Any, where: str) -> np.ndarray:
             cols = np.frombuffer(csr.col_indices, dtype=np.int64)
             if len(shape) != 2 or len(crow) != shape[0] + 1 or len(cols) != len(values):
                 raise WireError(f"{where}: malformed sparse CSR tensor")
-            dense = np.zeros(_sparse_shape(shape, where), dtype=np_dtype)
+            dense = np.zeros(shape, dtype=np_dtype)
             for row in range(shape[0]):
                 lo, hi = int(crow[row]), int(crow[row + 1])
                 dense[row, cols[lo:hi]] = values[lo:hi]
             return dense
+        if len(msg.dense) > max_entries * np.dtype(np_dtype).itemsize:
+            raise WireError(f"{where}: has more than {max_entries} entries (one per token at most)")
         flat = np.frombuffer(msg.dense, dtype=np_dtype)
         return (flat.reshape(shape) if shape else flat).copy()  # frombuffer arrays are read-only
     except WireError:
         raise
-    except (ValueError, IndexError) as exc:
-        raise WireError(f"{where}: data does not match shape {shape}: {exc}") from exc
+    except (ValueError, IndexError):
+        raise WireError(f"{where}: data does not match shape {shape}") from None
 
 
-def _sparse_shape(shape: list[int], where: str) -> list[int]:
-    if any(n < 0 for n in shape) or int(np.prod(shape, dtype=object)) > MAX_SPARSE_ELEMENTS:
-        raise WireError(f"{where}: sparse tensor shape {shape} is negative or has more than "
-                        f"{MAX_SPARSE_ELEMENTS} entries")
+def _bounded_shape(shape: list[int], where: str, max_entries: int) -> list[int]:
+    """``shape`` if no dimension is negative and it holds at most ``max_entries`` entries (a valid loss input
+    holds one per token; a sparse tensor is expanded, so its shape alone could ask for petabytes)."""
+    if len(shape) > 8 or any(n < 0 for n in shape) or int(np.prod(shape, dtype=object)) > max_entries:
+        raise WireError(f"{where}: shape {shape[:8]} is negative or holds more than {max_entries} entries "
+                        "(one per token at most)")
     return shape
 
 
-def tensor_from_json(value: Any, where: str) -> np.ndarray:
-    """A ``TensorData`` JSON object (``data``, ``dtype``, ``shape``, optional CSR indices) as numpy."""
+def tensor_from_json(value: Any, where: str, max_entries: int) -> np.ndarray:
+    """A ``TensorData`` JSON object (``data``, ``dtype``, ``shape``, optional CSR indices) as numpy, of at
+    most ``max_entries`` entries."""
     if not isinstance(value, Mapping):
         raise WireError(f"{where}: must be a TensorData object (data, dtype, shape)")
     np_dtype = {"float32": np.float32, "int64": np.int64}.get(value.get("dtype"))
     if np_dtype is None:
-        raise WireError(f"{where}: dtype must be float32 or int64, got {value.get('dtype')!r}")
+        raise WireError(f"{where}: dtype must be float32 or int64, got {shown(value.get('dtype'))}")
+    raw, shape = value.get("data", []), value.get("shape")
     try:
-        data = np.asarray(value.get("data", []), dtype=np_dtype)
-        shape = value.get("shape") or [len(data)]
+        if isinstance(raw, list) and len(raw) > max_entries:
+            raise WireError(f"{where}: has more than {max_entries} entries (one per token at most)")
+        data = np.asarray(raw, dtype=np_dtype)
+        shape = _bounded_shape(list(shape or [len(data)]), where, max_entries)
         if value.get("sparse_crow_indices") is not None:
             crow, cols = value["sparse_crow_indices"], value.get("sparse_col_indices") or []
-            dense = np.zeros(_sparse_shape(shape, where), dtype=np_dtype)
+            dense = np.zeros(shape, dtype=np_dtype)
             for row in range(shape[0]):
                 dense[row, cols[crow[row]:crow[row + 1]]] = data[crow[row]:crow[row + 1]]
             return dense
         return data.reshape(shape)
     except WireError:
         raise
-    except (ValueError, IndexError, TypeError, OverflowError) as exc:
-        raise WireError(f"{where}: data does not fit dtype {value.get('dtype')} and shape "
-                        f"{value.get('shape')}: {exc}") from exc
+    except (ValueError, IndexError, TypeError, OverflowError):
+        raise WireError(f"{where}: data does not fit dtype {value.get('dtype')} and shape {shown(shape)}") from None
 
 
 # --- encoded results -----------------------------------------------------------------------------

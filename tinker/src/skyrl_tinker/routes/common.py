@@ -4,13 +4,15 @@ hand a route its tenant, the service and the server's config (all three put in p
 
 from __future__ import annotations
 
-import json
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from skyrl_core.http_hygiene import JSON_TYPES, load_json
 
 from skyrl_tinker.config import ServerConfig
 from skyrl_tinker.service import RequestError, TinkerService
+from skyrl_tinker.wire import decompress
 
 API = "/api/v1"
 
@@ -34,11 +36,19 @@ Config = Annotated[ServerConfig, Depends(_config)]
 
 
 async def read_json(request: Request) -> dict[str, Any]:
-    """The body as a JSON object (an empty body is ``{}``), or a 400."""
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except ValueError as exc:
-        raise RequestError(400, f"body is not JSON: {exc}") from None
+    """The body as a JSON object (an empty body is ``{}``), or a 4xx.
+
+    Whatever reached the route is checked here as JSON, after its ``Content-Encoding`` is undone: a body
+    labelled protobuf (only forward_backward takes one) is a 415, and a zstd body may expand only to what an
+    uncompressed one could be, then passes core's depth, value-count and surrogate checks like any other."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type not in JSON_TYPES:
+        raise RequestError(415, "this endpoint takes a JSON body (Content-Type: application/json)")
+    limits = request.app.state.config.http_limits()
+    raw = await request.body()
+    if request.headers.get("content-encoding"):
+        raw = await asyncio.to_thread(decompress, raw, request.headers["content-encoding"], limits.max_body_bytes)
+    body = await load_json(raw or b"{}", limits)
     if not isinstance(body, dict):
         raise RequestError(400, "body must be a JSON object")
     return body

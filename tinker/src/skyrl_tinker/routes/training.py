@@ -3,20 +3,29 @@ saving and loading their weights. All of it is queued: a route answers ``{"reque
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from skyrl_core.http_hygiene import check_json_structure
+from skyrl_core.http_hygiene import parse_json, shown
 
 from skyrl_tinker.config import ServerConfig
 from skyrl_tinker.fields import Fields, integers
 from skyrl_tinker.futures import Future
 from skyrl_tinker.routes.common import API, Config, Service, Tenant, read_json
-from skyrl_tinker.service import RequestError
-from skyrl_tinker.wire import DatumIn, ForwardBackwardIn, decompress, parse_forward_backward, tensor_from_json
+from skyrl_tinker.service import TinkerService
+from skyrl_tinker.wire import (
+    Bounds,
+    DatumIn,
+    ForwardBackwardIn,
+    decompress,
+    parse_forward_backward,
+    tensor_from_json,
+)
+
+MAX_TOKENS_WITHOUT_CONTEXT = 1 << 17  # a datum's bound when the model's config states no context length
 
 router = APIRouter(prefix=API)
 
@@ -39,13 +48,13 @@ async def unload_model(request: Request, tenant: Tenant, svc: Service) -> dict[s
 
 @router.post("/forward_backward")
 async def forward_backward(request: Request, tenant: Tenant, svc: Service, config: Config) -> dict[str, Any]:
-    parsed = await _forward_backward_body(request, config, forward_only=False)
+    parsed = await _forward_backward_body(request, config, svc, forward_only=False)
     return _queued(svc.forward_backward(tenant, parsed), parsed.model_id)
 
 
 @router.post("/forward")
 async def forward(request: Request, tenant: Tenant, svc: Service, config: Config) -> dict[str, Any]:
-    parsed = await _forward_backward_body(request, config, forward_only=True)
+    parsed = await _forward_backward_body(request, config, svc, forward_only=True)
     return _queued(svc.forward_backward(tenant, parsed), parsed.model_id)
 
 
@@ -79,30 +88,39 @@ async def _queue_for_model(request: Request, queue: Callable[[dict[str, Any]], F
     return _queued(queue(body), body["model_id"])
 
 
-async def _forward_backward_body(request: Request, config: ServerConfig, *, forward_only: bool) -> ForwardBackwardIn:
-    """The batch of a (zstd-compressed) protobuf or JSON body."""
-    raw = decompress(await request.body(), request.headers.get("content-encoding"), config.max_decompressed_bytes)
-    if "protobuf" in request.headers.get("content-type", ""):
-        parsed = parse_forward_backward(raw)
-        parsed.forward_only = parsed.forward_only or forward_only
-        return parsed
-    check_json_structure(raw, config.http_limits())  # what a zstd body decompressed to has not been checked yet
-    try:
-        body = Fields(json.loads(raw or b"{}"))
-    except ValueError as exc:
-        raise RequestError(400, f"body is neither protobuf (Content-Type) nor JSON: {exc}") from None
-    fb = body.obj("forward_backward_input", required=True)
-    data = [_json_datum(raw_datum, i) for i, raw_datum in enumerate(fb.items("data"))]
-    return ForwardBackwardIn(body.text("model_id"), body.integer("seq_id", None), data, fb.text("loss_fn"),
-                             dict(fb.obj("loss_fn_config").data), forward_only)
+async def _forward_backward_body(request: Request, config: ServerConfig, svc: TinkerService, *, forward_only: bool
+                                 ) -> ForwardBackwardIn:
+    """The batch of a (zstd-compressed) protobuf or JSON body, decoded in a thread: a large body must not hold
+    up the other clients' requests while it is decompressed and parsed."""
+    bounds = Bounds(config.max_batch_datums, svc.backend.max_context or MAX_TOKENS_WITHOUT_CONTEXT)
+    body, headers = await request.body(), request.headers
+    parsed = await asyncio.to_thread(_decode_forward_backward, body, headers.get("content-type", ""),
+                                     headers.get("content-encoding"), bounds, config)
+    parsed.forward_only = parsed.forward_only or forward_only
+    return parsed
 
 
-def _json_datum(raw: Any, i: int) -> DatumIn:
+def _decode_forward_backward(body: bytes, content_type: str, encoding: str | None, bounds: Bounds,
+                             config: ServerConfig) -> ForwardBackwardIn:
+    limits = config.http_limits()
+    raw = decompress(body, encoding, min(4 * limits.max_body_bytes, max(limits.max_body_bytes, bounds.largest_body())))
+    if "protobuf" in content_type:
+        return parse_forward_backward(raw, bounds)
+    body_fields = Fields(parse_json(raw or b"{}", limits))
+    fb = body_fields.obj("forward_backward_input", required=True)
+    raw_data = fb.items("data")
+    bounds.check_datums(len(raw_data))
+    data = [_json_datum(raw_datum, i, bounds) for i, raw_datum in enumerate(raw_data)]
+    return ForwardBackwardIn(body_fields.text("model_id"), body_fields.integer("seq_id", None), data, fb.text("loss_fn"),
+                             dict(fb.obj("loss_fn_config").data), False)
+
+
+def _json_datum(raw: Any, i: int, bounds: Bounds) -> DatumIn:
     datum = Fields(raw, f"forward_backward_input.data[{i}]")
-    tokens = []
-    for j, raw_chunk in enumerate(datum.obj("model_input").items("chunks")):
-        chunk = Fields(raw_chunk, f"{datum.where}.model_input.chunks[{j}]")
-        tokens += integers(chunk.items("tokens"), f"{chunk.where}.tokens")
-    inputs = {k: tensor_from_json(v, f"datum {i} loss_fn_inputs[{k!r}]")
+    chunks = [Fields(raw_chunk, f"{datum.where}.model_input.chunks[{j}]")
+              for j, raw_chunk in enumerate(datum.obj("model_input").items("chunks"))]
+    bounds.check_tokens(sum(len(chunk.items("tokens")) for chunk in chunks), i)
+    tokens = [token for chunk in chunks for token in integers(chunk.items("tokens"), f"{chunk.where}.tokens")]
+    inputs = {k: tensor_from_json(v, f"datum {i} loss_fn_inputs[{shown(k)}]", bounds.max_tokens)
               for k, v in datum.obj("loss_fn_inputs").data.items()}
     return DatumIn(tokens, inputs)

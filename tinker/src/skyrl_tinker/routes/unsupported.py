@@ -4,7 +4,8 @@ retries every 5xx for minutes). Its router must be included last: it matches any
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
+from skyrl_core.http_hygiene import error_body, shown
 
 from skyrl_tinker.routes.common import API
 
@@ -20,7 +21,8 @@ router = APIRouter(prefix=API)
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-async def unsupported(rest: str) -> JSONResponse:
+async def unsupported(rest: str) -> Response:
     feature = UNSUPPORTED.get(rest)
-    what = f"{feature} ({API}/{rest})" if feature else f"the endpoint {API}/{rest}"
-    return JSONResponse({"detail": f"skyrl-tinker does not implement {what}"}, status_code=404)
+    what = f"{feature} ({API}/{rest})" if feature else f"the endpoint {shown(f'{API}/{rest}')}"
+    return Response(error_body(f"skyrl-tinker does not implement {what}"), status_code=404,
+                    media_type="application/json")

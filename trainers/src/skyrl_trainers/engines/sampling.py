@@ -21,6 +21,9 @@ from typing import Literal
 import torch
 
 LogprobMode = Literal["processed", "raw"]
+# A positive temperature below this samples as this one does: dividing logits by 1e-40 overflows float32 to
+# inf, and the NaN that follows would pick the vocabulary's last id every time. (vLLM uses the same floor.)
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def _processed_logits(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.
     vocab = logits.shape[-1]
     scaled = logits
     if any(r.temperature != 1.0 for r in rows):
-        temperature = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows],
+        temperature = torch.tensor([max(r.temperature, MIN_TEMPERATURE) if r.temperature > 0 else 1.0 for r in rows],
                                    device=logits.device, dtype=logits.dtype)
         scaled = logits / temperature[:, None]
     if not any(0 < r.top_k < vocab or r.top_p < 1.0 for r in rows):
@@ -116,7 +119,8 @@ def _processed_logits(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.
     drop = rank >= top_k[:, None]
     sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop |= mass_before >= top_p[:, None]  # the most likely token is always kept (mass_before = 0)
+    # the most likely token is always kept, whatever top_p (a top_p that rounds to 0 included)
+    drop |= (mass_before >= top_p[:, None]) & (rank > 0)
     return scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
 
 
