@@ -224,6 +224,15 @@ def test_a_body_that_is_not_json_is_a_400_that_does_not_repeat_it(body: bytes):
     assert problem.status == 400 and "not" in problem.message and len(problem.message) < 200
 
 
+@pytest.mark.parametrize("text", ['["\\"", ' + "[" * 50 + "]" * 50 + "]", '{"a": "\\ud800"}', '{"ok": 1}'])
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_only_utf8_is_read_so_no_check_can_be_hidden_in_another_encoding(text: str, encoding: str):
+    """In UTF-16 the byte scan sees an escaped quote as a real one: what follows looks like a string, and
+    nesting or a lone surrogate would pass unseen to a parser that reads UTF-16 itself."""
+    problem = refused(parse_json, text.encode(encoding, "surrogatepass"), LIMITS)
+    assert problem.status == 400 and "not" in problem.message
+
+
 async def test_load_json_parses_a_large_body_off_the_event_loop(monkeypatch):
     import threading
 
