@@ -65,6 +65,8 @@ class HttpLimits:
     allowed_hosts: tuple[str, ...] = ()  # names beyond the loopback ones and the bound address
     body_types: frozenset[str] = JSON_TYPES  # content types a state-changing request may carry
     body_encodings: frozenset[str] = frozenset()  # Content-Encodings the server decodes itself (beyond identity)
+    body_idle_s: float = 30.0  # the longest a client may pause while sending a body (408 after)
+    body_total_s: float = 600.0  # the longest a body may take to arrive (408 after): 64 MB at about 110 kB/s
 
     def host_names(self, bound_host: str | None = None) -> frozenset[str]:
         names = {*LOOPBACK_HOSTS, *(name.lower() for name in self.allowed_hosts)}
@@ -295,7 +297,7 @@ class HygieneMiddleware:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         try:
             check_request(scope["method"], headers, self.limits, self.bound_host)
-            body = await _read_body(receive, self.limits.max_body_bytes)
+            body = await _read_body(receive, self.limits)
             args = (body, headers.get("content-type", ""), self.limits, headers.get("content-encoding", ""))
             if len(body) >= OFF_LOOP_BYTES:  # a long scan must not hold up the other requests on the loop
                 await asyncio.to_thread(check_body, *args)
@@ -307,10 +309,19 @@ class HygieneMiddleware:
         await self.app(scope, _replay(body, receive), send)
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks, size = [], 0
+async def _read_body(receive: Receive, limits: HttpLimits) -> bytes:
+    """The whole body, refused (413) past ``max_body_bytes`` and (408) when the client pauses longer than
+    ``body_idle_s`` or takes longer than ``body_total_s`` in all: a body sent a byte at a time must not hold
+    a connection, and its server's file descriptors, for ever."""
+    chunks, size, limit = [], 0, limits.max_body_bytes
+    deadline = asyncio.get_running_loop().time() + limits.body_total_s
     while True:
-        message = await receive()
+        wait = min(limits.body_idle_s, deadline - asyncio.get_running_loop().time())
+        try:
+            message = await asyncio.wait_for(receive(), max(wait, 0.0))
+        except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+            raise HttpProblem(408, f"the body did not arrive in time (a pause of {limits.body_idle_s:g} s, or "
+                                   f"{limits.body_total_s:g} s in all)", {"connection": "close"}) from None
         if message["type"] == "http.disconnect":
             raise HttpProblem(400, "the client went away before sending its body")
         chunk = message.get("body", b"")

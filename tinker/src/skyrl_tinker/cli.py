@@ -71,6 +71,7 @@ def serve(
     """Serve the Tinker API for one base model; clients train LoRA adapters on it and sample from them."""
     import uvicorn
     from skyrl_core.engine import EngineError
+    from skyrl_core.http_serving import uvicorn_config
 
     from skyrl_tinker.app import ServerConfig, create_app
 
@@ -115,7 +116,7 @@ def serve(
                    f"client is the one tenant {DEFAULT_TENANT!r}; keep --host on loopback or a trusted network",
                    err=True)
     # long-polls (40 s) must not hold up Ctrl-C
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run()
 
 
 def _fail(message: str) -> NoReturn:

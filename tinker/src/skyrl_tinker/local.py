@@ -26,6 +26,7 @@ class LocalServer:
     def __init__(self, config: ServerConfig | None = None, *, service: TinkerService | None = None,
                  start_timeout: float = 120.0) -> None:
         import uvicorn
+        from skyrl_core.http_serving import uvicorn_config
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -34,7 +35,7 @@ class LocalServer:
         self.app = create_app(self.config, service)
         self.service = self.app.state.service
         self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+        self._server = uvicorn.Server(uvicorn_config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                                                      timeout_graceful_shutdown=5))
         self._thread = threading.Thread(target=self._server.run, name="tinker-http", daemon=True)
         self._thread.start()

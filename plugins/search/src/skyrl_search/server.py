@@ -51,6 +51,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from skyrl_core.http_hygiene import HttpLimits, HygieneMiddleware, capped, load_json, validation_errors
+from skyrl_core.http_serving import uvicorn_config
 
 from .config import DEFAULT_MAX_PASSAGES, DEFAULT_MAX_QUERIES, DEFAULT_MAX_REQUEST_S, DEFAULT_MAX_TOPK
 from .retrieval import Passage, RetrievalError, Retriever, make_retriever
@@ -428,7 +429,7 @@ def running_server(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iter
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="skyrl-search-server", daemon=True)
     thread.start()
     try:
@@ -473,7 +474,7 @@ def serve(
     app = create_app(backend, default_topk=topk, max_topk=max_topk, max_queries=max_queries, max_passages=max_passages,
                      max_request_s=max_request_s, max_batch=max_batch, batch_wait_ms=batch_wait_ms, name=retriever,
                      allowed_hosts=allowed_hosts, bound_host=host)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level="info")).run()
 
 
 __all__ = ["DEFAULT_MAX_PASSAGES", "DEFAULT_MAX_QUERIES", "DEFAULT_MAX_REQUEST_S", "DEFAULT_MAX_TOPK",
