@@ -271,6 +271,22 @@ def test_a_refused_request_with_a_body_is_not_read_as_a_second_request(raw_serve
     assert replies.startswith(b"HTTP/1.0 405") and replies.count(b"HTTP/1.") == 1
 
 
+@pytest.mark.parametrize("sent", [b"", b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n"], ids=["nothing", "half-a-head"])
+def test_a_connection_that_never_finishes_its_request_is_closed(tmp_path, monkeypatch, sent):
+    """Each connection holds a thread of the viewer: one left half-open must not hold it for ever."""
+    from skyrl_viewer.server import _Handler
+
+    monkeypatch.setattr(_Handler, "timeout", 1.0)
+    server = RawServer(write_run(tmp_path / "run"))
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(sent)
+            assert sock.recv(65536) == b""  # closed, unanswered (a timeout here fails the test)
+        assert server.request("GET", "/api/runs")[0].status == 200
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("host", ["rebound.attacker.example:8765", "rebound.attacker.example", "10.1.2.3:8765"])
 @pytest.mark.parametrize("path", ["/", "/api/runs", "/api/runs/0/samples/root1", "/static/app.js"])
 def test_a_page_that_rebinds_its_name_to_this_machine_reads_nothing(raw_server, host, path):

@@ -53,6 +53,10 @@ class ViewerServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: ViewerServer
+    # Seconds a connection may stay silent (its request half-sent, or an answer unread) before it is closed:
+    # otherwise each half-open connection holds a thread for ever, and a script that opens thousands stalls
+    # the viewer for everyone.
+    timeout = 30.0
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server naming)
         path = self.path.split("?", 1)[0]
