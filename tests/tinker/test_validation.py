@@ -134,6 +134,18 @@ BAD_FIELDS = {
     "dro_beta_1e39": (lambda m, s: _fb(m, _rl_inputs(), "dro", {"beta": 1e39}), "loss_fn_config['beta'] must be a finite"),
     "dro_beta_3e38": (lambda m, s: _fb(m, _rl_inputs(), "dro", {"beta": 3e38}), "loss_fn_config['beta'] must be >= 0"),
     "clip_high_1e39": (lambda m, s: _fb(m, _rl_inputs(), "ppo", {"clip_high_threshold": 1e39}), "clip_high_threshold"),
+    # work per request bounded whatever the body's size: each stop string is checked at every decoding step,
+    # and each clone id or acknowledged id costs the server a log or a lookup
+    "too_many_stop_strings": (lambda m, s: _sample(sampling_params={"stop": ["a"] * 65}),
+                              "sampling_params.stop may hold at most 64 entries, got 65"),
+    "too_long_stop_string": (lambda m, s: _sample(sampling_params={"stop": ["a" * 1001]}),
+                             "sampling_params.stop strings may have at most 1000 characters"),
+    "clone_id_past_the_limit": (lambda m, s: ("/retrieve_futures", {"target": {"sampling_session_id": "x",
+                                                                              "cloned_sampler_id": 10**6}}),
+                                "cloned_sampler_id must be >= 0 and <= 1023"),
+    "too_many_acknowledged_ids": (lambda m, s: ("/retrieve_futures", {"target": {"sampling_session_id": "x"},
+                                                                      "retrieved_request_ids": ["r"] * 4097}),
+                                  "retrieved_request_ids may hold at most 4096 entries"),
     "clip_low_above_one": (lambda m, s: _fb(m, _rl_inputs(), "cispo", {"clip_low_threshold": 2.0}), "clip_low_threshold"),
     "list_model_id": (lambda m, s: ("/get_info", {"model_id": [m]}), "model_id must be a string"),
 }

@@ -50,6 +50,12 @@ MAX_LORA_RANK = 256
 DEFAULT_MAX_TOKENS = 256
 FUTURE_TTL = 3600.0  # seconds a finished result stays retrievable
 MAX_TOPK = 64
+# Each is checked at every decoding step of every row of a sample: a million of them would stall the sampler,
+# which every tenant shares (vLLM sets no limit; OpenAI's API allows 4)
+MAX_STOP_SEQUENCES, MAX_STOP_CHARS = 64, 1000
+CLONE_SEQ_IDS = 1_000_000_000  # the client numbers a cloned SamplingClient's requests from clone * 1e9
+MAX_CLONES = 1024  # clones of one sampling session, each with its own completion log on the server
+MAX_RETRIEVED_IDS = 4096  # ids one retrieve_futures call acknowledges (the client's are at most those it sent)
 MAX_TEMPERATURE = 100.0  # far past any useful sampling temperature (the distribution is uniform long before)
 # (lo, hi) of each AdamParams field: a step size over 1, or an eps over 1, is no optimizer setting anyone means
 ADAM_BOUNDS = {"learning_rate": (0.0, 1.0), "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, 1.0),
@@ -529,10 +535,11 @@ class TinkerService:
         if kind != "sampling_session":
             raise RequestError(400, f"retrieve_futures polls sampling sessions only, not {shown(kind)}")
         sampling_id = target.text("sampling_session_id")
-        key = (sampling_id, target.integer("cloned_sampler_id", 0))
+        key = (sampling_id, target.integer("cloned_sampler_id", 0, lo=0, hi=MAX_CLONES - 1))
         wait = min(fields.number("timeout", max_wait, lo=0.0), max_wait)
         cursor = fields.integer("prev_cursor", 0)
-        retrieved = [str(i) for i in fields.items("retrieved_request_ids")]
+        retrieved = [str(i) for i in _at_most(fields.items("retrieved_request_ids"), MAX_RETRIEVED_IDS,
+                                               "retrieved_request_ids")]
         self._sampling(tenant, sampling_id)
         found, cursor = await self.futures.completions(key, cursor, wait, retrieved)
         return {"completions": [_completion(f) for f in found], "cursor": cursor}
@@ -544,8 +551,8 @@ class TinkerService:
             sampling_id = fields.text("sampling_session_id")
             sampling = self._sampling(tenant, sampling_id)
             weights, session_id = sampling.weights, sampling.session_id
-            # the client numbers a cloned SamplingClient's requests from clone * 1e9
-            target = (sampling_id, fields.integer("seq_id", 0, lo=0) // 1_000_000_000)
+            seq_id = fields.integer("seq_id", 0, lo=0, hi=MAX_CLONES * CLONE_SEQ_IDS - 1)
+            target = (sampling_id, seq_id // CLONE_SEQ_IDS)
         elif body.get("model_path"):  # a one-off sample from a checkpoint, no sampling session
             weights, session_id = self._checkpoint_weights(tenant, fields.text("model_path")), None
         else:
@@ -617,6 +624,13 @@ def _check_limit(tenant: str, used: int, limit: int, what: str, option: str, hin
                                 f"({option} {limit}); {hint}", headers)
 
 
+def _at_most(items: list[Any], most: int, name: str) -> list[Any]:
+    """``items`` if there are at most ``most`` (work per request stays bounded whatever the body's size)."""
+    if len(items) > most:
+        raise FieldError(f"{name} may hold at most {most} entries, got {len(items)}")
+    return items
+
+
 def _adam_params(raw: Fields) -> dict[str, float]:
     """Tinker's AdamParams within ``ADAM_BOUNDS`` (``ADAM_DEFAULTS`` for those not sent)."""
     kind = raw.text("type", "adam")
@@ -652,10 +666,13 @@ def _sampling_params(raw: Fields, num_samples: int, prompt_len: int, max_context
     if isinstance(stop, str):
         strings = [stop]
     elif isinstance(stop, list):
+        _at_most(stop, MAX_STOP_SEQUENCES, "sampling_params.stop")
         strings = [s for s in stop if isinstance(s, str)]
         ids = integers([s for s in stop if not isinstance(s, str)], "sampling_params.stop")
     elif stop is not None:
         raise FieldError("sampling_params.stop must be a string or a list of strings or token ids")
+    if any(len(text) > MAX_STOP_CHARS for text in strings):
+        raise FieldError(f"sampling_params.stop strings may have at most {MAX_STOP_CHARS} characters each")
     if max_context is not None and prompt_len >= max_context:
         raise RequestError(400, f"prompt has {prompt_len} tokens, the model's context is {max_context}")
     seed = raw.integer("seed", None)
