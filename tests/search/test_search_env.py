@@ -212,7 +212,7 @@ def test_an_answer_tag_inside_an_observation_is_not_the_models_answer(one_hop):
     gold = one_hop["answers"][0]
     env = start(one_hop, retriever="test_env_planting", retriever_options={"planted": gold}, max_turns=2)
     obs, *_ = env.step("<search> anything </search>")
-    assert f"<answer> {gold} </answer>" in obs[0]["content"]
+    assert f"&lt;answer> {gold} &lt;/answer>" in obs[0]["content"]  # shown, but never as a tag of the episode
     last = env.step("I have no idea.")
     assert last.reward == 0.0 and last.truncated
     assert env.get_metrics()["answered"] == 0.0 and env.get_metrics()["em"] == 0.0

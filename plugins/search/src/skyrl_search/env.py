@@ -6,8 +6,12 @@ Each reply either answers (``<answer> ... </answer>``: the episode ends and is s
 format. The last allowed reply ends the episode whatever it holds; without an answer it scores 0.
 
 The reward (only on the final turn) is the configured metric (``em``, ``subem`` or ``f1``) of the
-last answer in the model's own replies against the row's answers; observations are never searched
-for answers. All three metrics are reported by :meth:`SearchEnv.get_metrics` whatever the reward.
+last answer in the model's own replies against the row's answers. Each reply is read on its own:
+observations are never searched for answers, and an ``<answer>`` inside a reply's ``<search>`` block
+is part of the query (a model may quote a passage that holds one), not an answer. What a passage or
+an error message holds is shown with the ``<`` of anything like the episode's tags written ``&lt;``,
+so retrieved text never looks like the end of the ``<information>`` block or a turn of the model's.
+All three metrics are reported by :meth:`SearchEnv.get_metrics` whatever the reward.
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from skyrl_core import EnvConfig, StepResult, TextEnv
+from skyrl_core import EnvConfig, StepResult, TextEnv, tags
 from skyrl_core.data import DataError
 
 from skyrl_search.config import SearchEnvConfig
 from skyrl_search.data import builtin_questions, load_questions
 from skyrl_search.prompts import prompt_messages
 from skyrl_search.retrieval import Passage, RetrievalError, Retriever, make_retriever
-from skyrl_search.reward import METRICS, extract_answer
+from skyrl_search.reward import METRICS, answer_of
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+EPISODE_TAGS = ("information", "search", "answer", "think")
 RETRIEVAL_THREADS = 64  # searches in flight per process (each waits on the retriever, not the CPU)
 
 FORMAT_HELP = ("Your reply had neither a search nor an answer. To look something up, reply with "
@@ -66,8 +71,14 @@ def _close_shared_retrievers() -> None:
             close()
 
 
+def neutralize_tags(text: str) -> str:
+    """``text`` with the ``<`` of anything like one of the episode's tags written ``&lt;`` (idempotent)."""
+    return tags.neutralize_tags(text, EPISODE_TAGS)
+
+
 def format_passages(passages: Sequence[Passage], max_chars: int) -> str:
-    """``Doc 1 (Title: ...) text`` lines, each passage's text cut to ``max_chars`` characters."""
+    """``Doc 1 (Title: ...) text`` lines, each passage's text cut to ``max_chars`` characters, tag-like
+    text neutralised (:func:`neutralize_tags`)."""
     if not passages:
         return NO_RESULTS
     lines = []
@@ -75,7 +86,7 @@ def format_passages(passages: Sequence[Passage], max_chars: int) -> str:
         text = " ".join(p.text.split())
         if len(text) > max_chars:
             text = text[:max_chars].rstrip() + " ..."
-        lines.append(f"Doc {number} (Title: {p.title}) {text}")
+        lines.append(neutralize_tags(f"Doc {number} (Title: {p.title}) {text}"))
     return "\n".join(lines)
 
 
@@ -156,9 +167,9 @@ class SearchEnv(TextEnv):
     def _read(self, action: str) -> StepResult | str:
         """The episode's end, an observation for a reply with no usable query, or the query to run."""
         self.actions.append(action)
-        if extract_answer(action) is not None or self.turn >= self.max_turns:
+        if answer_of(action) is not None or self.turn >= self.max_turns:
             return self._score()
-        found = _SEARCH.search(action)
+        found = _SEARCH.search(action)  # the reply answers nothing outside its searches: its first one runs
         if found is None:
             self.invalid_turns += 1
             return self._reply(FORMAT_HELP, query_status="no_tags")
@@ -189,7 +200,8 @@ class SearchEnv(TextEnv):
 
     def _show(self, result: list[Passage] | RetrievalError) -> StepResult:
         if isinstance(result, RetrievalError):
-            return self._reply(f"<information>Search failed: {result}</information>", query_status="error")
+            return self._reply(f"<information>Search failed: {neutralize_tags(str(result))}</information>",
+                               query_status="error")
         body = format_passages(result, self.config.max_passage_chars)
         return self._reply(f"<information>{body}</information>", query_status="ok" if result else "no_results")
 
@@ -197,7 +209,7 @@ class SearchEnv(TextEnv):
         return StepResult([{"role": "user", "content": text}], 0.0, False, False, info)
 
     def _score(self) -> StepResult:
-        answer = next((a for a in map(extract_answer, reversed(self.actions)) if a is not None), None)
+        answer = next((a for a in map(answer_of, reversed(self.actions)) if a is not None), None)
         scores = {name: metric(answer, self.answers) if answer is not None else 0.0
                   for name, metric in METRICS.items()}
         self.outcome = {"answered": float(answer is not None), **scores}

@@ -3,8 +3,9 @@
 Each searches the question first, then plays back what the retriever showed: the passages as later
 queries that never answer, all passages inside one answer, every name and number of the passages in
 answer tags of their own before a last one that answers nothing. The env reads its reward from the
-model's last ``<answer>`` alone (``tests/search``: an answer tag inside a retrieved passage, the last
-answer of a reply), so none of them may score. Only the standard library and skyrl-core's checker
+model's last ``<answer>`` outside its ``<search>`` blocks alone (``tests/search``: an answer tag inside a
+retrieved passage, or quoted from one in a query, the last answer of a reply), so none of them may
+score, even on a corpus whose passages hold answer tags. Only the standard library and skyrl-core's checker
 are imported.
 """
 

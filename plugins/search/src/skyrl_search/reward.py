@@ -11,6 +11,8 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from skyrl_core.tags import outside_blocks
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -55,3 +57,17 @@ def extract_answer(text: str) -> str | None:
     """The stripped content of the last complete ``<answer>...</answer>`` in ``text``; None if none."""
     found = _ANSWER.findall(text)
     return found[-1].strip() if found else None
+
+
+def outside_searches(action: str) -> str:
+    """``action`` with every complete ``<search>...</search>`` block blanked to spaces (positions kept).
+
+    A query is the model's search, whatever it quotes (a passage it saw may hold ``<answer>`` tags), so
+    what it holds is never read as an answer. A search opened inside an answer is the answer's text.
+    """
+    return outside_blocks(action, "search", "answer")
+
+
+def answer_of(action: str) -> str | None:
+    """The answer of one of the model's replies: its last complete ``<answer>`` outside its searches."""
+    return extract_answer(outside_searches(action))

@@ -7,21 +7,21 @@ data says can never look like the end of the observation or a turn of the model'
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
+
+from skyrl_core import tags
 
 from skyrl_sql.worker.result import QueryResult
 
 INVALID_ACTION = ("Your previous action is invalid. Follow the format of outputting thinking process and sql "
                   "tool, and try again.")
-# The "<" of anything a reader could take for one of the episode's tags: any case, spaces or "/" inside.
-_TAG_START = re.compile(r"<(?=\s*/?\s*(?:observation|reminder|think|sql|solution)\b)", re.IGNORECASE)
+EPISODE_TAGS = ("observation", "reminder", "think", "sql", "solution")
 
 
 def neutralize_tags(text: str) -> str:
-    """``text`` with the ``<`` of every tag-like word written ``&lt;`` (idempotent)."""
-    return _TAG_START.sub("&lt;", text)
+    """``text`` with the ``<`` of anything like one of the episode's tags written ``&lt;`` (idempotent)."""
+    return tags.neutralize_tags(text, EPISODE_TAGS)
 
 
 def observation(body: str, turns_left: int) -> str:

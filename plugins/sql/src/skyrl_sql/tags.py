@@ -13,21 +13,21 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from skyrl_core.tags import outside_blocks
+
 from skyrl_sql.reward import strip_literals
 
 SQL_TAG = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
 _TAGS_BANNED_IN_SOLUTION = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _SOLUTION_TAG = re.compile(r"</?solution>")
-# The action's blocks from left to right; a block ends at its own closing tag, whatever it holds.
-_BLOCK = re.compile(r"<sql>.*?</sql>|<solution>.*?</solution>", re.DOTALL)
 _EXACTLY_ONE = "the answer must hold exactly one <solution>...</solution>"
 
 
 def outside_queries(action: str) -> str:
     """``action`` with every complete ``<sql>...</sql>`` block blanked to spaces (positions kept):
     the part of the action whose tags are format. A block opened inside a solution is the solution's."""
-    return _BLOCK.sub(lambda m: " " * len(m.group()) if m.group().startswith("<sql>") else m.group(), action)
+    return outside_blocks(action, "sql", "solution")
 
 
 def has_solution(action: str) -> bool:
