@@ -71,4 +71,4 @@ def server(tmp_path_factory, one_thread):
 def service_client(server):
     client = server.client()
     yield client
-    client.close("success")
+    client.close("success").result()  # waited for: a session still open when its server stops sends failing heartbeats for ever

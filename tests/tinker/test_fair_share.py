@@ -28,8 +28,8 @@ def pair(new_server, tmp_path_factory, one_thread):
     models = {who: client.create_lora_training_client(base_model="tiny-random", rank=2, seed=0).result()
               for who, client in (("alice", alice), ("bob", bob))}
     yield server, alice, bob, models
-    alice.close("success")
-    bob.close("success")
+    alice.close("success").result()
+    bob.close("success").result()
     server.stop()
 
 
@@ -129,5 +129,5 @@ def test_a_models_queued_requests_never_merge_past_max_batch_datums(new_server, 
         answers = [wait_for(http, request_id) for request_id in queued]
     assert [a.headers["content-type"] for a in answers] == ["application/x-protobuf"] * 6, answers[0].text
     assert server.service.worker.batch_sizes[-3:] == [2, 2, 2]
-    client.close("success")
+    client.close("success").result()
     server.stop()

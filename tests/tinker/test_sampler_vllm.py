@@ -201,7 +201,7 @@ def client(vllm_server):
 
     service = tinker.ServiceClient(base_url=vllm_server.url, api_key="tml-skyrl-test")
     yield service
-    service.close("success")
+    service.close("success").result()
 
 
 @torch.inference_mode()

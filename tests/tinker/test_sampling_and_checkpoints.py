@@ -103,7 +103,7 @@ def test_checkpoints_survive_a_restart(tmp_path, new_server):
                          loss_fn_inputs={"target_tokens": PROMPT[1:]})]
     loss_before = client.forward(probe, "cross_entropy").result().metrics["loss:sum"]
     run_id = client.model_id
-    service.close("success")
+    service.close("success").result()
     first.stop()
 
     second = new_server(tmp_path)
@@ -127,7 +127,7 @@ def test_checkpoints_survive_a_restart(tmp_path, new_server):
         train_a_little(resumed, 1, 1e-2)  # the restored optimizer state steps on
         rest.delete_checkpoint(run_id, "sampler_weights/step3").result()
         assert [c.tinker_path for c in rest.list_checkpoints(run_id).result().checkpoints] == [state_path]
-        service.close("success")
+        service.close("success").result()
     finally:
         second.stop()
 

@@ -29,7 +29,7 @@ def _run(server) -> tuple[list, list, list, float]:
         tokens = [[list(s.tokens) for s in sequences] for sequences in (first, second, seeded.sequences)]
         return *tokens, loss
     finally:
-        service.close("success")
+        service.close("success").result()
 
 
 def test_a_seeded_server_repeats_what_requests_leave_unseeded(tmp_path, new_server):

@@ -50,8 +50,8 @@ def pair(new_server, tmp_path_factory, one_thread):
            "state": trainer.save_state("s1").result().path, "weights": trainer.save_weights_for_sampler("w1").result().path,
            "bob_model": bob_trainer.model_id, "bob_session": bob.holder.get_session_id()}
     yield server, alice, bob, trainer, ids, root
-    alice.close("success")
-    bob.close("success")
+    alice.close("success").result()
+    bob.close("success").result()
     server.stop()
 
 
@@ -278,4 +278,4 @@ def test_each_tenant_has_its_own_limits(small_limits):
     alice[0].close("success").result()  # its model goes with it, so the other session may make one
     alice[1].create_lora_training_client(base_model="tiny-random", rank=2).result()
     for client in (alice[1], bob):
-        client.close("success")
+        client.close("success").result()

@@ -64,7 +64,7 @@ def test_serve_command_with_api_key(tmp_path):
         service = tinker.ServiceClient(base_url=url, api_key=SECRET)
         models = service.get_server_capabilities().supported_models
         assert [m.model_name for m in models] == ["tiny-random"]
-        service.close("success")
+        service.close("success").result()
     assert any("one shared API key" in line for line in output), output
 
 

@@ -156,7 +156,7 @@ def test_two_clients_train_separate_adapters(server, service_client):
     sa = a.save_weights_and_get_sampling_client().result().sample(prompt, 1, params).result().sequences[0]
     sb = b.save_weights_and_get_sampling_client().result().sample(prompt, 1, params).result().sequences[0]
     assert sa.logprobs != sb.logprobs
-    other.close("success")
+    other.close("success").result()
 
 
 def test_client_side_custom_loss(server, service_client):

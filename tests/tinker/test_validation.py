@@ -24,8 +24,8 @@ def pair(new_server, tmp_path_factory, one_thread):
     server = new_server(tmp_path_factory.mktemp("validation"), api_keys=KEYS)
     alice, bob = server.client(ALICE), server.client(BOB)
     yield server, alice, bob
-    alice.close("success")
-    bob.close("success")
+    alice.close("success").result()
+    bob.close("success").result()
     server.stop()
 
 
@@ -301,7 +301,7 @@ def test_training_after_a_failed_batch_equals_a_fresh_servers(new_server, tmp_pa
         client = fresh.client()
         a, b = (client.create_lora_training_client(base_model="tiny-random", rank=4, seed=s).result() for s in (1, 2))
         expected = [_step(a, data_a), _step(b, data_b), _step(a, data_a2)]
-        client.close("success")
+        client.close("success").result()
     finally:
         fresh.stop()
 
@@ -326,7 +326,7 @@ def test_training_after_a_failed_batch_equals_a_fresh_servers(new_server, tmp_pa
         assert fault.fired
         got.append(_step(a, data_a2))
         for client in (alice, bob):
-            client.close("success")
+            client.close("success").result()
     finally:
         server.stop()
     for outputs, want in zip(got, expected, strict=True):
