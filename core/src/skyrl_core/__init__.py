@@ -15,6 +15,7 @@ _EXPORTS = {
     "TrainerSpec": "registry", "EngineSpec": "registry", "Registry": "registry",
     "RegistryError": "registry",
     "TextEnv": "env", "EnvConfig": "env", "StepResult": "env", "Message": "env",
+    "CatalogEnvConfig": "catalog", "CatalogEntry": "catalog",
     "RewardFn": "rewards", "Rubric": "rewards",
     "Turn": "trajectory", "Trajectory": "trajectory", "TrajectoryBatch": "trajectory",
     "InferenceEngine": "engine", "SamplingParams": "engine", "GenerateOutput": "engine",
@@ -28,6 +29,7 @@ _EXPORTS = {
 __all__ = ["hookimpl", *_EXPORTS]
 
 if TYPE_CHECKING:
+    from skyrl_core.catalog import CatalogEntry, CatalogEnvConfig
     from skyrl_core.chat import ChatRenderer
     from skyrl_core.engine import EngineError, GenerateOutput, InferenceEngine, SamplingParams
     from skyrl_core.env import EnvConfig, Message, StepResult, TextEnv

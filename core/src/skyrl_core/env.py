@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import string
+import threading
 import traceback
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import gymnasium
 from gymnasium import spaces
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Message = dict[str, str]
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 #: Longest message content the observation space admits: about 250k tokens, past any model's context.
@@ -80,6 +83,16 @@ class EnvConfig(BaseModel):
 
     max_turns: int = Field(1, ge=1, description="Episode is truncated after this many actions.")
     max_action_chars: int = Field(50_000, ge=1, description="Longer actions are rejected unread.")
+    reward_range: tuple[float, float] | None = Field(
+        None, description="The lowest and highest episode reward, [low, high]; default: the env's own "
+                          "(its class's reward_range, or what a bridge reads from the peer env).")
+
+    @field_validator("reward_range")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not (math.isfinite(value[0]) and math.isfinite(value[1]) and value[0] < value[1]):
+            raise ValueError(f"must be two finite numbers [low, high] with low < high, got {list(value)}")
+        return value
 
 
 class TextEnv(gymnasium.Env):
@@ -127,17 +140,45 @@ class TextEnv(gymnasium.Env):
         self.action_space: AnyText = AnyText(config.max_action_chars)
         self.observation_space: Messages = Messages()
         self.task: dict[str, Any] = dict(task or {})
+        self.reward_range = type(self).reward_range_for(config)
         self.turn = 0
         self.done = False
+        self.episode_reward = 0.0
+
+    @classmethod
+    def reward_range_for(cls, config: EnvConfig) -> tuple[float, float]:
+        """The episode reward range under ``config``: ``config.reward_range`` when set, else the class's.
+
+        One class can host envs of several ranges (a bridge: one per peer env); it overrides this to
+        read the range of the env ``config`` names. Every checker and evaluator asks this, never the
+        class attribute, and an instance's :attr:`reward_range` is this value.
+        """
+        return tuple(config.reward_range) if config.reward_range is not None else tuple(cls.reward_range)
 
     @property
     def max_turns(self) -> int:
+        """The turn limit of the current task (default: ``config.max_turns``).
+
+        An env whose tasks have their own limits (a game of N rounds) overrides this; checkers and
+        probes read it after ``reset``.
+        """
         return self.config.max_turns
+
+    def reward_ceiling(self) -> float:
+        """The highest episode reward the current task can reach (default: the top of :attr:`reward_range`).
+
+        A task that cannot reach the top of the range on every deal (a game against a fixed opponent,
+        partial credit by construction) returns its own ceiling: the gold check expects the gold
+        actions to score exactly this, and pass rates count an episode that reaches it as passed.
+        """
+        return self.reward_range[1]
 
     # -- to implement ---------------------------------------------------------------------------
 
     def build_prompt(self) -> list[Message]:
         """Opening messages for ``self.task``. Default: the row's ``prompt`` field."""
+        if _overrides(self, "abuild_prompt"):
+            return run_sync(self.abuild_prompt())
         prompt = self.task.get("prompt")
         if isinstance(prompt, str):
             return [{"role": "user", "content": prompt}]
@@ -145,11 +186,18 @@ class TextEnv(gymnasium.Env):
             return [dict(m) for m in prompt]
         raise ValueError(f"{type(self).__name__}: task has no 'prompt' (a string or a list of messages)")
 
+    async def abuild_prompt(self) -> list[Message]:
+        """Async form of :meth:`build_prompt`, for envs whose task setup awaits I/O (most peer libraries are
+        async). Override one of the two; :meth:`areset` awaits this one, :meth:`reset` calls the other."""
+        if _overrides(self, "build_prompt"):
+            return await asyncio.to_thread(self.build_prompt)
+        return self.build_prompt()
+
     def take_action(self, action: str) -> StepResult:
         """Apply one model response. Override this or :meth:`atake_action`."""
         if type(self).atake_action is TextEnv.atake_action:
             raise NotImplementedError(f"{type(self).__name__} must implement take_action or atake_action")
-        return asyncio.run(self.atake_action(action))
+        return run_sync(self.atake_action(action))
 
     async def atake_action(self, action: str) -> StepResult:
         """Async form of :meth:`take_action`; override in envs that await I/O or sub-calls."""
@@ -160,12 +208,17 @@ class TextEnv(gymnasium.Env):
 
         ``problem`` says what was wrong, e.g. ``"Your response was empty. Reply with text."``; the
         action itself is not passed on (an over-long one is never read). The default shows
-        ``problem`` as the observation with reward 0 and ``info["invalid_action"]``. Envs that
-        penalise malformed output override this so an empty reply cannot dodge the penalty.
+        ``problem`` as the observation with ``info["invalid_action"]`` and reward 0, except on the
+        last turn, where it scores the bottom of :attr:`reward_range` (never taking the episode's
+        total below it), so an empty reply never dodges a negative penalty for wrong answers. Envs that penalise malformed
+        output override this to score it like their other malformed turns.
         Turn counting and turn-limit truncation still apply to the result. It runs on the caller's
         thread (inside :meth:`astep` too), so it must not block on I/O.
         """
-        return StepResult([{"role": "user", "content": problem}], 0.0, False, False, {"invalid_action": problem})
+        reward = 0.0
+        if self.turn >= self.max_turns:  # the last turn scores the bottom, and the total never goes below it
+            reward = min(0.0, self.reward_range[0] - min(self.episode_reward, 0.0))
+        return StepResult([{"role": "user", "content": problem}], reward, False, False, {"invalid_action": problem})
 
     def gold_actions(self) -> list[str] | None:
         """Actions that solve the current task, played in order from a fresh reset, or ``None``.
@@ -180,9 +233,11 @@ class TextEnv(gymnasium.Env):
 
         Every probe is compared with this agent's reward on the same task, so an env that penalises
         malformed replies returns a well-formed one here (SQL: a query that selects nothing), else a
-        policy's first lesson, the format, would look like a reward hack. Default: an empty reply.
+        policy's first lesson, the format, would look like a reward hack. Default: a reply that says it
+        does not know (not an empty one: an empty last reply scores the bottom of the range, see
+        :meth:`reject_action`, and the null agent must be the honest agent that answers nothing).
         """
-        return ""
+        return "I do not know."
 
     def get_metrics(self) -> dict[str, float]:
         """Per-episode metrics, read once by the generator after the episode ends (before ``close``).
@@ -218,14 +273,33 @@ class TextEnv(gymnasium.Env):
         """Start an episode: clear the turn count and return :meth:`build_prompt`'s messages.
 
         ``options={"task": row}`` switches to another task. Subclasses with per-episode state
-        override this, clear it, and return ``super().reset(seed=seed, options=options)``.
+        override this (or :meth:`areset`), clear it, and return ``super().reset(seed=seed, options=options)``.
         """
-        super().reset(seed=seed)
+        if _overrides(self, "areset") and not _overrides(self, "reset"):
+            return run_sync(self.areset(seed=seed, options=options))
+        self._begin_episode(seed, options)
+        return self.build_prompt(), {"max_turns": self.max_turns}
+
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        """Async twin of :meth:`reset`; generators always call this one.
+
+        It awaits :meth:`abuild_prompt`, so an env whose setup awaits I/O needs no thread or event loop
+        of its own. An env that overrides the sync :meth:`reset` keeps working: its ``reset`` runs in a
+        worker thread. Override one of the two, as with :meth:`take_action` and :meth:`atake_action`.
+        """
+        if _overrides(self, "reset") and not _overrides(self, "areset"):
+            return await asyncio.to_thread(self.reset, seed=seed, options=options)
+        self._begin_episode(seed, options)
+        return await self.abuild_prompt(), {"max_turns": self.max_turns}
+
+    def _begin_episode(self, seed: int | None, options: dict[str, Any] | None) -> None:
+        gymnasium.Env.reset(self, seed=seed)
         if options and "task" in options:
             self.task = dict(options["task"])
         self.turn = 0
         self.done = False
-        return self.build_prompt(), {"max_turns": self.max_turns}
+        self.episode_reward = 0.0
 
     def step(self, action: str) -> StepResult:
         problem = self._start_turn(action)
@@ -269,12 +343,41 @@ class TextEnv(gymnasium.Env):
             truncated = True
             info = {**info, "truncated_reason": f"turn limit ({self.max_turns}) reached"}
         self.done = bool(terminated or truncated)
+        self.episode_reward += float(reward)
         return StepResult(list(obs), float(reward), bool(terminated), bool(truncated), info)
 
     def _failed(self, exc: BaseException) -> StepResult:
         self.done = True
         info = {"error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
         return StepResult([], 0.0, False, True, info)
+
+
+def _overrides(env: TextEnv, method: str) -> bool:
+    """True when ``env``'s class replaces TextEnv's ``method`` (its sync or async twin then delegates to it)."""
+    return getattr(type(env), method) is not getattr(TextEnv, method)
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` to its end from sync code: on this thread when no event loop runs here, else on a
+    new thread with its own loop (a sync ``step`` called from inside async code must not deadlock it)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="skyrl-run-sync")
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def env_metrics(env: TextEnv) -> dict[str, float]:

@@ -73,7 +73,7 @@ class EnvWorker:
         hosted = self.envs[key] = HostedEnv(env)
         if subcalls:
             env.subcall_handler = hosted.forward_subcall  # type: ignore[attr-defined]
-        return await asyncio.to_thread(env.reset, seed=seed, options={"task": task})
+        return await env.areset(seed=seed, options={"task": task})
 
     async def step(self, key: str, action: str) -> Event:
         hosted = self.envs[key]

@@ -360,10 +360,8 @@ def _end_reason(terminated: bool, info: Mapping[str, Any]) -> str:
 
 async def reset_env(env: TextEnv | RemoteEnv, *, seed: int | None,
                     options: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, Any]]:
-    """``env.reset`` off the event loop (a local env) or on its env worker (a remote one)."""
-    if isinstance(env, RemoteEnv):
-        return await env.areset(seed=seed, options=options)
-    return await asyncio.to_thread(env.reset, seed=seed, options=options)
+    """``env.areset`` (a local env's runs its sync ``reset`` in a worker thread; a remote one's, on its env worker)."""
+    return await env.areset(seed=seed, options=options)
 
 
 async def finish_env(env: TextEnv | RemoteEnv) -> dict[str, float]:

@@ -120,7 +120,7 @@ async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any
     env: TextEnv | None = None
     try:
         env = env_cls(task=row, config=config)
-        await asyncio.to_thread(env.reset, seed=seed, options={"task": row})
+        await env.areset(seed=seed, options={"task": row})
         gold = env.gold_actions()
         if gold is None:
             result.no_gold = True

@@ -89,9 +89,12 @@ class EnvSpec(ComponentSpec):
     # evaluates on and what `skyrl rollout` plays by default. A training split not listed is evaluated on
     # itself, so an env with one set of tasks for every split declares {}. See skyrl_core.held_out.
     eval_splits: Mapping[str, str] = field(default_factory=lambda: {"train": "test"})
+    # A bridge's catalogue: "module:attr" of a function listing the peer envs it hosts (CatalogEntry records or
+    # names), chosen with env.name. `skyrl envs --catalog ID` calls it; nothing else does. See skyrl_core.catalog.
+    catalog: str | None = None
 
     def metadata(self) -> dict[str, Any]:
-        return {"max_turns": self.max_turns, "reward_range": list(self.reward_range),
+        return {"max_turns": self.max_turns, "reward_range": list(self.reward_range), "catalog": self.catalog,
                 "needs_network": self.needs_network, "needs_docker": self.needs_docker,
                 "needs_gpu": self.needs_gpu, "default_generator": self.default_generator,
                 "stop": list(self.stop), "run_defaults": {k: dict(v) for k, v in self.run_defaults.items()},
