@@ -74,7 +74,7 @@ class FormatCheckReadsObservations(Guess):
     """A format bonus for a well-formed answer tag anywhere in the transcript, the env's own feedback included."""
 
     def feedback(self, action: str) -> str:
-        return "Wrong. Reply like <answer>red</answer>."
+        return "Wrong. Reply like <answer>red</answer>." if "<" in action else "Answer in <answer></answer>."
 
     def take_action(self, action: str) -> StepResult:
         result = super().take_action(action)
@@ -114,11 +114,7 @@ class StateSurvivesReset(Guess):
         result = super().take_action(action)
         if result.terminated:
             self.best = 1.0
-        return result
-
-    def reject_action(self, problem: str) -> StepResult:
-        result = super().reject_action(problem)
-        return result._replace(reward=self.best) if self.turn >= self.max_turns else result
+        return result._replace(reward=self.best) if self.turn >= self.max_turns and not result.terminated else result
 
 
 class RevealsTheAnswer(Guess):
@@ -207,7 +203,7 @@ class RaisesOutOfStep(Guess):
 
 
 BUGS: list[tuple[type[TextEnv], str, str]] = [
-    (FormatCheckReadsObservations, "empty_first", "above the null agent"),
+    (FormatCheckReadsObservations, "echo", "above the null agent"),
     (RejectedLastActionSkipsPenalty, "empty_last", "dodged a penalty"),
     (RevealsTheAnswer, "echo", "above the null agent"),
     (CrashesOnControlCharacters, "control_chars", "env error"),
@@ -254,8 +250,10 @@ def test_the_success_metric_is_shown_but_never_excuses_a_flag():
 def test_no_probe_is_given_the_answer():
     """A gold-derived probe plays a near miss: on the plain game each one scores 0, as a wrong guess does."""
     report = check_adversarial(Guess, tasks=TASKS)
-    assert all(reward == 0.0 for outcome in report.outcomes for reward in outcome.rewards), \
-        {o.probe: o.rewards for o in report.outcomes if any(o.rewards)}
+    scored = {o.probe: o.rewards for o in report.outcomes if any(reward > 0 for reward in o.rewards)}
+    assert not scored, scored  # an empty last reply scores the bottom, -1: nothing scores above a wrong guess
+    from_gold = [o for o in report.outcomes if o.probe in ("near_miss", "gold_hedged", "gold_split", "replay")]
+    assert from_gold and all(reward == 0.0 for outcome in from_gold for reward in outcome.rewards)
     assert near_miss("<answer>blue</answer>") == "<answer>blve</answer>" and near_miss("ab 41") == "ab 52"
 
 

@@ -73,7 +73,7 @@ class NeverEnds(CountdownEnv):
     (NeverEnds, "turn_limit: episode still running after max_turns=3"),
     (RejectRaisesAtTheLastTurn, "action:empty_at_turn_limit: a bad action must get an observation, not an "
                                 "infrastructure error: LookupError"),
-    (RejectOutOfRange, "action:empty: reward -5.0 is outside reward_range"),
+    (RejectOutOfRange, "action:empty: the episode's reward -5 is outside reward_range"),
 ])
 def test_broken_envs_fail_with_a_named_check(env_cls, expected):
     with pytest.raises(EnvCheckError) as err:

@@ -30,7 +30,7 @@ def test_yaml_then_overrides_later_wins(tmp_path, skyrl_plugin_manager):
                   need_trainer=False)
     assert cfg.env.max_turns == 5 and cfg.env.partial_credit == 0.5
     assert cfg.generator.n_samples_per_prompt == 8 and cfg.generator_id == "default"
-    assert cfg.to_dict()["env"] == {"id": "reverse_text", "max_turns": 5, "max_action_chars": 50000,
+    assert cfg.to_dict()["env"] == {"id": "reverse_text", "max_turns": 5, "max_action_chars": 50000, "reward_range": None,
                                     "partial_credit": 0.5, "dataset_size": 64}
 
 

@@ -156,6 +156,6 @@ def test_check_skip_option_and_its_errors(skyrl_cli) -> None:
     result = skyrl_cli("check", "reverse_text", "--skip", "gymnasium", "--skip", "episode")
     assert result.exit_code == 0, result.output
     assert "SKIP  gymnasium" in result.output and "SKIP  episode:hostile" in result.output
-    assert "0 failed, 4 skipped" in result.output
+    assert "0 failed, 5 skipped" in result.output
     bad = skyrl_cli("check", "reverse_text", "--skip", "gymnasum")
     assert bad.exit_code == 2 and "Did you mean 'gymnasium'?" in bad.output

@@ -216,7 +216,7 @@ def test_rollout_oracle_names_the_failed_task_and_writes_jsonl(skyrl_cli, regist
     assert [line["task_name"] for line in lines] == ["add", "mul", "broken-task"]
     assert lines[0] == {"env": "arith", "task_name": "add", "index": 0, "reward": 1.0, "turns": 1,
                         "terminated": True, "truncated": False, "error": None, "metrics": {"operands": 2.0},
-                        "no_gold": False, "report": {}}
+                        "no_gold": False, "ceiling": None, "report": {}}
     assert lines[2]["reward"] == 0.0
     assert sorted(CLOSED) == ["add", "broken-task", "mul"]
 

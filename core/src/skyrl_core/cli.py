@@ -21,7 +21,8 @@ def build_app() -> typer.Typer:
                       "engines come from plugins.", no_args_is_help=True, add_completion=False)
     app.callback()(_main_options)
     app.command("plugins")(plugins_command)
-    for kind in KINDS:
+    app.command("envs", help="List installed envs; with --catalog ID, the peer envs a bridge hosts.")(envs_command)
+    for kind in KINDS[1:]:
         app.command(f"{kind}s", help=f"List installed {kind}s.")(_listing_command(kind))
     app.command("check")(check_command)
     app.command("rollout")(rollout_command)
@@ -122,6 +123,24 @@ def _listing_command(kind: Kind) -> Any:
     return listing
 
 
+def envs_command(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    catalog: str | None = typer.Option(None, "--catalog", metavar="ID", help="List the envs of this bridge's "
+                                       "catalogue (e.g. reasoning_gym), each runnable with env.name=NAME."),
+) -> None:
+    """List installed envs with the package that provides each; with --catalog ID, the peer envs that env id
+    hosts (a bridge to another ecosystem)."""
+    if catalog is None:
+        _listing_command("env")(as_json)
+        return
+    from skyrl_core.catalog_cli import print_catalog
+
+    try:
+        print_catalog(catalog, as_json)
+    except RegistryError as exc:
+        raise _fail(str(exc)) from None
+
+
 def check_command(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. rlm_repl."),
     n_tasks: int = typer.Option(2, "--n-tasks", "--tasks", min=0, help="Built-in dataset rows to check the prompt "
@@ -145,16 +164,33 @@ def check_command(
                                         "to the env's dataset option (harbor_terminal: env.tasks), else it is a "
                                         "JSONL file of task rows."),
     concurrency: int = typer.Option(2, "--concurrency", min=1, help="With --dataset: oracle episodes run at once."),
+    catalog: bool = typer.Option(False, "--catalog", help="Score every env of this bridge's catalogue (or --names): "
+                                 "conformance, and with --adversarial the probes, one row per peer env with the "
+                                 "probes flagged and why, whether the gold is reached, and seconds; exit 1 when any "
+                                 "env fails or is flagged."),
+    names: str | None = typer.Option(None, "--names", help="With --catalog: only these envs, comma-separated."),
+    timeout: float = typer.Option(300.0, "--timeout", min=1, help="With --catalog: seconds one env may take "
+                                  "before its row says it timed out."),
     overrides: list[str] | None = typer.Argument(None, help="Env config overrides: env.max_turns=3."),
 ) -> None:
     """Run the env conformance checker (skyrl_core.testing.check_env) and print each check, and each warning
     its dataset raised (WARN lines, which never fail the check); with --adversarial, the reward-hacking probes;
-    with --dataset, a per-task oracle report on that dataset."""
+    with --dataset, a per-task oracle report on that dataset; with --catalog, a scorecard of a bridge's envs."""
     from skyrl_core.config import parse_overrides
     from skyrl_core.testing import check_adversarial, check_env
 
     try:
         env_options = parse_overrides(overrides or []).get("env", {})
+        if catalog:
+            from skyrl_core.catalog_cli import print_scorecard
+
+            chosen = [name.strip() for name in names.split(",") if name.strip()] if names else None
+            ok = print_scorecard(env_id, env_options, chosen, adversarial=adversarial, quick=quick,
+                                 n_tasks=0 if all_rows else n_tasks, seed=seed, skip=list(skip or ()),
+                                 timeout_s=timeout, as_json=as_json)
+            if not ok:
+                raise typer.Exit(1)
+            return
         if dataset is not None:
             _dataset_check(env_id, env_options, dataset, concurrency=concurrency, seed=seed, as_json=as_json)
             return
@@ -401,14 +437,17 @@ def _oracle_rollout(env: str, *, n_tasks: int, split: str | None, tasks: Path | 
         table.add_row(escape(result.task_name), f"{result.reward:g}", str(result.turns), result.end,
                       escape(error if len(error) <= 80 else error[:77] + "..."))
     Console().print(table)
-    failed = [r for r in results if r.problem(cls.reward_range) is not None]
+    reward_range = cls.reward_range_for(env_config)
+    failed = [r for r in results if r.problem(reward_range) is not None]
     typer.echo(f"wrote {len(results)} oracle episodes to {out}")
     if failed:
         for r in failed:
-            typer.echo(f"  {r.task_name}: {r.problem(cls.reward_range)}")
+            typer.echo(f"  {r.task_name}: {r.problem(reward_range)}")
         typer.echo(f"oracle failed on {len(failed)} task(s): {', '.join(r.task_name for r in failed)}")
         raise typer.Exit(1)
-    typer.echo(f"oracle solved all {len(results)} task(s) at reward {cls.reward_range[1]:g}")
+    ceilings = sorted({result.target(reward_range) for result in results})
+    at = f"reward {ceilings[0]:g}" if len(ceilings) == 1 else "their ceilings (" + ", ".join(f"{c:g}" for c in ceilings) + ")"
+    typer.echo(f"oracle solved all {len(results)} task(s) at {at}")
 
 
 def _oracle_env_section(env: str, config_file: Path | None, overrides: list[str] | None) -> dict[str, Any]:

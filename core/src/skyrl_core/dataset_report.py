@@ -90,4 +90,4 @@ def dataset_report(env_cls: type[TextEnv], env_id: str, options: Mapping[str, An
             progress(done, len(rows))
 
     results = asyncio.run(play_gold(env_cls, config, rows, concurrency=concurrency, seed=seed, on_result=advance))
-    return DatasetReport(env_id, str(dataset), env_cls.reward_range, results, messages)
+    return DatasetReport(env_id, str(dataset), env_cls.reward_range_for(config), results, messages)

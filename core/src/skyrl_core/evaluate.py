@@ -87,7 +87,7 @@ def plan_evaluation(layers: Sequence[Mapping[str, Any]], *, split: str | None, t
     source = f"file {tasks}" if tasks else f"split {split!r}"
     if not rollout.rows:
         raise ConfigError(f"no tasks to evaluate for env {rollout.cfg.env_id!r}: {source} is empty")
-    threshold = rollout.env_cls.reward_range[1] if pass_threshold is None else pass_threshold
+    threshold = rollout.env_cls.reward_range_for(rollout.cfg.env)[1] if pass_threshold is None else pass_threshold
     folder = out or default_eval_dir(rollout.cfg.env_id, model_name(rollout.cfg))
     return Evaluation(rollout, None if tasks else split, tasks, folder, threshold, split_why)
 
@@ -117,7 +117,7 @@ def run_evaluation(evaluation: Evaluation, *, show: int, console: Any) -> EvalRe
             "split": evaluation.split, "split_why": evaluation.split_why,
             "tasks_file": str(evaluation.tasks_file) if evaluation.tasks_file else None, "tasks": len(rollout.rows),
             "samples_per_task": samples, "episodes": len(episodes), "pass_threshold": threshold,
-            "reward_range": list(rollout.env_cls.reward_range), "pass_ks": ks, "started": started,
+            "reward_range": list(rollout.env_cls.reward_range_for(cfg.env)), "pass_ks": ks, "started": started,
             "seconds": round(seconds, 3), "versions": package_versions(get_plugin_manager())}
     table = {"pass_threshold": threshold, "pass_ks": ks, "samples_per_task": samples,
              "columns": ["task", "n", "passed", *(f"pass@{k}" for k in ks), f"mean@{samples}", "errors"],

@@ -51,6 +51,7 @@ class OracleResult:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     no_gold: bool = False
+    ceiling: float | None = None  # the env's reward_ceiling() for this task, read after reset
     report: dict[str, str] = field(default_factory=dict)  # the env's info["report"] columns (skyrl check --dataset)
 
     @property
@@ -64,11 +65,18 @@ class OracleResult:
             return "terminated"
         return "truncated" if self.truncated else "unfinished"
 
+    def target(self, reward_range: tuple[float, float]) -> float:
+        """The reward the gold actions must reach: the task's ceiling, else the top of ``reward_range``."""
+        return self.ceiling if self.ceiling is not None else reward_range[1]
+
     def problem(self, reward_range: tuple[float, float]) -> str | None:
         """Why this episode does not prove the task solvable (``None`` when it does): an error, no
-        gold actions, an episode the gold actions did not terminate, or a reward other than the top
-        of ``reward_range`` (below it: the task is not solved; above it: the env breaks its range)."""
-        top = reward_range[1]
+        gold actions, an episode the gold actions did not terminate, or a reward other than the task's
+        ceiling (the top of ``reward_range`` unless the env declares a lower one for the task; below it:
+        the task is not solved; above it: the env breaks its range)."""
+        top = self.target(reward_range)
+        if top > reward_range[1] + 1e-9:
+            return f"the env declares a ceiling of {top:g} for this task, above the top of reward_range {reward_range[1]:g}"
         if self.error:
             return f"error: {self.error}"
         if self.no_gold:
@@ -77,7 +85,8 @@ class OracleResult:
             return (f"the gold actions did not terminate the episode "
                     f"({self.end} after {self.turns} turn(s), reward {self.reward:g})")
         if abs(self.reward - top) > 1e-6:
-            return f"the gold actions scored {self.reward:g}, expected the top of reward_range {top:g}"
+            expected = "the top of reward_range" if self.ceiling is None else "the task's reward_ceiling()"
+            return f"the gold actions scored {self.reward:g}, expected {expected} {top:g}"
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +130,8 @@ async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any
     try:
         env = env_cls(task=row, config=config)
         await env.areset(seed=seed, options={"task": row})
+        ceiling = float(env.reward_ceiling())
+        result.ceiling = None if abs(ceiling - env.reward_range[1]) <= 1e-9 else ceiling
         gold = env.gold_actions()
         if gold is None:
             result.no_gold = True

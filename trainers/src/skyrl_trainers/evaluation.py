@@ -53,7 +53,7 @@ class HeldOutEval:
         cfg = config.trainer
         self.config = config
         self.every, self.last_step = cfg.eval_every, cfg.steps
-        self.reward_range = env_cls.reward_range
+        self.reward_range = env_cls.reward_range_for(config.env)
         self.split = eval_split(config)
         self.source = ", ".join(cfg.eval_files) if cfg.eval_files else f"split {self.split!r}"
         self.tasks: list[dict[str, Any]] = []

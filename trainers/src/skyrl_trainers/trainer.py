@@ -152,7 +152,7 @@ class _StepLoop:
         generator_cfg = trainer.config.generator
         self.no_signal = NoSignalMonitor(
             share=self.cfg.no_signal_share, patience=self.cfg.no_signal_patience,
-            reward_range=env_class(trainer.config.env_id).reward_range,
+            reward_range=env_class(trainer.config.env_id).reward_range_for(trainer.config.env),
             hints={"n_samples_per_prompt": getattr(generator_cfg, "n_samples_per_prompt", None),
                    "temperature": getattr(generator_cfg, "temperature", None)})
         self.groups: dict[int, dict[str, list[float]]] = {}  # step -> its groups' scores, until end_step

@@ -67,12 +67,13 @@ def _at(position: Literal["first", "middle", "last"], text: str) -> Callable[[Tu
 
 def _gold_turn(transform: Callable[[str], str]) -> Callable[[Turn], str]:
     def act(turn: Turn) -> str:
-        return transform(turn.gold[turn.number - 1]) if turn.number <= len(turn.gold) else ""
+        return transform(turn.gold[turn.number - 1]) if turn.number <= len(turn.gold) else WRONG
     return act
 
 
 def _gold_prefix(turn: Turn) -> str:
-    return turn.gold[turn.number - 1] if turn.number < len(turn.gold) else ""
+    """The gold actions but the last, then an honest non-answer (an empty reply would be penalised on the last turn)."""
+    return turn.gold[turn.number - 1] if turn.number < len(turn.gold) else WRONG
 
 
 def _wrong_last(turn: Turn) -> str:
@@ -137,7 +138,7 @@ def _generic_probes() -> list[Probe]:
         Probe("gold_split", _split_last_gold, "the last gold action cut in two halves sent on two turns; flagged when "
               "it beats one honest wrong answer: the env joins replies into one answer", needs_gold=True,
               bar="wrong"),
-        Probe("gold_truncated", _gold_prefix, "the gold actions without the last one, then empty replies; flagged "
+        Probe("gold_truncated", _gold_prefix, "the gold actions without the last one, then non-answers; flagged "
               "when it still earns the gold's full reward: the final turn is not what pays", needs_gold=True,
               bar="gold"),
     ]
@@ -303,8 +304,8 @@ def play(cls: type[TextEnv], config: EnvConfig, row: Mapping[str, Any], seed: in
             gold = list(env.gold_actions() or [])
         observations: list[list[Message]] = []
         actions: list[str] = []
-        for number in range(1, config.max_turns + 1):
-            action = act(Turn(number, config.max_turns, prompt, observations, actions, gold))
+        for number in range(1, env.max_turns + 1):
+            action = act(Turn(number, env.max_turns, prompt, observations, actions, gold))
             result = env.step(action)
             episode.reward += result.reward
             actions.append(action)

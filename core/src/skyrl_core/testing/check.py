@@ -32,6 +32,7 @@ from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.oracle import play_gold, row_name
 from skyrl_core.registry import did_you_mean
+from skyrl_core.testing.adversarial import near_miss
 
 HOSTILE_ACTIONS: dict[str, str] = {
     "empty": "",
@@ -48,15 +49,19 @@ HOSTILE_ACTIONS: dict[str, str] = {
 
 WRONG_ANSWER = "I am not sure."
 
-EPISODES: dict[str, Callable[[list[str]], list[str] | None]] = {
-    "hostile": lambda gold: list(HOSTILE_ACTIONS.values()),
-    "wrong_then_gold": lambda gold: [WRONG_ANSWER, *gold] if gold else None,
-    "near_miss_then_gold": lambda gold: [_near_miss(gold[0]), *gold] if gold else None,
+EPISODES: dict[str, Callable[[list[str], int], list[str] | None]] = {
+    "hostile": lambda gold, turns: list(HOSTILE_ACTIONS.values()),
+    "wrong_then_gold": lambda gold, turns: [WRONG_ANSWER, *gold] if gold else None,
+    "near_miss_then_gold": lambda gold, turns: [_near_miss(gold[0]), *gold] if gold else None,
+    "formatted_wrong_then_gold": lambda gold, turns: (
+        [near_miss(gold[-1])] * max(turns - len(gold), 1) + gold if gold else None),
 }
-"""Multi-turn action sequences built from the task's gold actions (``[]`` when it has none);
-``None`` when the sequence needs gold actions the task does not have."""
+"""Multi-turn action sequences built from the task's gold actions (``[]`` when it has none) and its turn
+limit; ``None`` when the sequence needs gold actions the task does not have. ``formatted_wrong_then_gold``
+plays a wrong answer in the env's own format (the last gold action made wrong) on every turn but the
+last ones, then the gold: a format reward paid per turn shows as a total outside the range."""
 
-SKIPPABLE = ("pickle", "turn_limit", "determinism", "astep", "gymnasium", "action", "episode", "prompt", "gold")
+SKIPPABLE = ("spec", "pickle", "turn_limit", "determinism", "astep", "gymnasium", "action", "episode", "prompt", "gold")
 """Check families ``check_env(skip=...)`` accepts: a family skips all its checks (``"gold"``:
 every ``gold[row N]``), a full id one check (``"action:huge"``, ``"gold[row 3]"``)."""
 
@@ -141,6 +146,8 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
             report.passed.append(name)
         return True
 
+    if isinstance(env, str):
+        run("spec", lambda: _check_spec(env, cls))
     rows_ok: list[bool] = []
     for number, task in enumerate(tasks, start=1):  # up front: a bad row is named before any episode
         name = row_name(task)
@@ -159,8 +166,7 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     for name in HOSTILE_ACTIONS:
         checks.append((f"action:{name}", lambda n=name: _check_action(cls, config, first, seed, HOSTILE_ACTIONS[n])))
     checks.append(("action:huge", lambda: _check_action(cls, config, first, seed, "x" * (config.max_action_chars + 1))))
-    checks.append(("action:empty_at_turn_limit",
-                   lambda: _check_action(cls, config, first, seed, "", turn=config.max_turns)))
+    checks.append(("action:empty_at_turn_limit", lambda: _check_action(cls, config, first, seed, "", turn=None)))
     for name, sequence in EPISODES.items():
         checks.append((f"episode:{name}", lambda s=sequence: _check_episode(cls, config, first, seed, s)))
     for name, check in checks:
@@ -245,13 +251,35 @@ def _check_pickle(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any]
     return None
 
 
+def _check_spec(env_id: str, cls: type[TextEnv]) -> str | None:
+    """The registered EnvSpec's ``reward_range`` and ``max_turns`` agree with the class under its default config
+    (they are what `skyrl envs` shows and what a run plans with, so a spec that disagrees misleads silently)."""
+    from skyrl_core.plugins import get_registry
+
+    spec = get_registry().get("env", env_id)
+    try:
+        default = cls.config_class()
+    except ValueError:
+        return "skip"  # a required option (e.g. which catalogue env): no default config to compare with
+    problems = []
+    declared, actual = tuple(spec.reward_range), tuple(cls.reward_range_for(default))  # type: ignore[attr-defined]
+    if declared != actual:
+        problems.append(f"EnvSpec.reward_range is {declared} but {cls.__name__} gives {actual}")
+    max_turns = spec.max_turns  # type: ignore[attr-defined]
+    if max_turns is not None and max_turns != default.max_turns:
+        problems.append(f"EnvSpec.max_turns is {max_turns} but {cls.__name__}'s default config has max_turns="
+                        f"{default.max_turns}")
+    return "; ".join(problems) or None
+
+
 def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int, action: str,
-                  turn: int = 1) -> str | None:
-    """Play ``action`` as turn number ``turn`` (earlier turns are :data:`WRONG_ANSWER`)."""
+                  turn: int | None = 1) -> str | None:
+    """Play ``action`` as turn number ``turn`` (``None``: the task's last turn; earlier turns are :data:`WRONG_ANSWER`)."""
     with _Episode(cls, config, task, seed) as (env, (obs, info)):
         problem = _messages_problem(obs, "reset() observation") or (None if isinstance(info, dict) else "reset() info must be a dict")
         if problem:
             return problem
+        turn = env.max_turns if turn is None else turn
         _play(env, [WRONG_ANSWER] * (turn - 1))
         if env.done:
             return "skip"  # the episode ended before the turn under test
@@ -263,21 +291,21 @@ def _check_action(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any]
             return f"a bad action must get an observation, not an infrastructure error: {result.info['error']}"
         if not result.observation and not (result.terminated or result.truncated):
             return "a bad action got no observation, so the model is not told what was wrong"
-        if turn >= config.max_turns and not (result.terminated or result.truncated):
-            return f"the episode did not end at the turn limit ({config.max_turns})"
-        low, high = cls.reward_range
-        if not low <= result.reward <= high:
-            return f"reward {result.reward} is outside reward_range {cls.reward_range}"
+        if turn >= env.max_turns and not (result.terminated or result.truncated):
+            return f"the episode did not end at the turn limit ({env.max_turns})"
+        low, high = env.reward_range
+        if not low <= env.episode_reward <= high:
+            return f"the episode's reward {env.episode_reward:g} is outside reward_range {env.reward_range}"
     return None
 
 
 def _check_turn_limit(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
     with _Episode(cls, config, task, seed) as (env, _):
-        for _turn in range(config.max_turns):
+        for _turn in range(env.max_turns):
             result = env.step(WRONG_ANSWER)
             if result.terminated or result.truncated:
                 return None
-        return f"episode still running after max_turns={config.max_turns} actions; expected truncated=True"
+        return f"episode still running after max_turns={env.max_turns} actions; expected truncated=True"
 
 
 def _play(env: TextEnv, actions: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -333,11 +361,11 @@ def _near_miss(action: str) -> str:
 
 
 def _check_episode(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int,
-                   sequence: Callable[[list[str]], list[str] | None]) -> str | None:
+                   sequence: Callable[[list[str], int], list[str] | None]) -> str | None:
     """Play the sequence until the episode ends; the summed reward stays in range after every turn."""
-    low, high = cls.reward_range
     with _Episode(cls, config, task, seed) as (env, _):
-        actions = sequence(list(env.gold_actions() or []))
+        low, high = env.reward_range
+        actions = sequence(list(env.gold_actions() or []), env.max_turns)
         if actions is None:
             return "skip"
         total = 0.0
@@ -348,7 +376,7 @@ def _check_episode(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any
             total += result.reward
             if not low - 1e-9 <= total <= high + 1e-9:
                 return (f"the episode's summed reward is {total:g} after turn {turn}, outside reward_range "
-                        f"{cls.reward_range} (the generator sums turn rewards; pay the episode's reward once)")
+                        f"{env.reward_range} (the generator sums turn rewards; pay the episode's reward once)")
             if result.terminated or result.truncated:
                 break
     return None
@@ -374,4 +402,4 @@ def _check_gymnasium(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, A
 
 def _check_gold(cls: type[TextEnv], config: EnvConfig, task: Mapping[str, Any], seed: int) -> str | None:
     (result,) = asyncio.run(play_gold(cls, config, [task], concurrency=1, seed=seed))
-    return "skip" if result.no_gold else result.problem(cls.reward_range)
+    return "skip" if result.no_gold else result.problem(cls.reward_range_for(config))
