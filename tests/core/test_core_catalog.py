@@ -71,8 +71,8 @@ def toys(register_skyrl_plugin):
 
 def test_a_catalogue_lists_its_envs_sorted_and_one_env_is_not_one(toys, skyrl_cli):
     assert [entry.name for entry in catalog_entries("toys")] == ["crashes", "fair", "hangs", "lenient", "nodata"]
-    assert catalog_ids() == ["toys"]
-    with pytest.raises(RegistryError, match="env 'single' has no catalogue.*catalogues: toys"):
+    assert "toys" in catalog_ids() and "single" not in catalog_ids()
+    with pytest.raises(RegistryError, match=r"env 'single' has no catalogue.*catalogues: .*toys"):
         catalog_entries("single")
     listed = skyrl_cli("envs", "--catalog", "toys", "--json")
     assert listed.exit_code == 0, listed.output

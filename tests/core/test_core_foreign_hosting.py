@@ -196,3 +196,40 @@ def test_an_env_spec_that_disagrees_with_its_class_fails_the_spec_check(register
     assert "EnvSpec.reward_range is (0.0, 1.0) but Penalised gives (-1.0, 1.0)" in spec
     assert "EnvSpec.max_turns is 3 but Penalised's default config has max_turns=2" in spec
     assert "spec" in check_env("honest", tasks=tasks).passed
+
+
+class AsyncPenalty(Penalised):
+    """A peer whose scorer is a coroutine scores rejected actions too: an empty reply is a wrong one."""
+
+    async def areject_action(self, problem: str) -> StepResult:
+        await asyncio.sleep(0)
+        return StepResult([{"role": "user", "content": problem}], -0.5, False, False, {"scored_by": "peer"})
+
+
+def test_an_async_rejection_is_awaited_by_astep_and_run_by_step():
+    env = AsyncPenalty(task={"prompt": "Say blue."})
+    env.reset()
+    assert asyncio.run(env.astep("")).info == {"scored_by": "peer"}
+    env.reset()
+    assert env.step("  ").reward == -0.5 and env.step("").reward == -0.5  # the peer's penalty, on the last turn too
+
+
+def test_a_task_below_its_ranges_top_counts_as_passed_at_its_ceiling(scripted_engine, register_skyrl_plugin):
+    from skyrl_core import GeneratorConfig, MultiTurnGenerator
+    from skyrl_core.held_out import held_out_metrics
+
+    class Plugin:
+        @hookimpl
+        def register_envs(self, register):
+            register(EnvSpec(id="rounds", entry_point=f"{__name__}:Rounds"))
+
+    register_skyrl_plugin(Plugin())
+    assert Rounds(task=TASKS[1]).reset()[1] == {"max_turns": 4, "reward_ceiling": 0.5}
+    assert Rounds(task=TASKS[0]).reset()[1] == {"max_turns": 2}
+    engine = scripted_engine(default="<answer>green</answer>")
+    generator = MultiTurnGenerator(GeneratorConfig(n_samples_per_prompt=1), engine=engine, tokenizer=engine.tokenizer,
+                                   env_id="rounds")
+    batch = asyncio.run(generator.generate([TASKS[1]]))
+    (episode,) = batch.trajectories
+    assert episode.reward == 0.5 and episode.reward_ceiling == 0.5
+    assert held_out_metrics(batch, (0.0, 1.0))["eval/pass_rate"] == 1.0

@@ -213,8 +213,20 @@ class TextEnv(gymnasium.Env):
         total below it), so an empty reply never dodges a negative penalty for wrong answers. Envs that penalise malformed
         output override this to score it like their other malformed turns.
         Turn counting and turn-limit truncation still apply to the result. It runs on the caller's
-        thread (inside :meth:`astep` too), so it must not block on I/O.
+        thread, so it must not block on I/O; an env that must await something to score a rejected
+        action (a peer's async scorer) overrides :meth:`areject_action` instead.
         """
+        if _overrides(self, "areject_action") and not _overrides(self, "reject_action"):
+            return run_sync(self.areject_action(problem))
+        return self._default_rejection(problem)
+
+    async def areject_action(self, problem: str) -> StepResult:
+        """Async form of :meth:`reject_action`, awaited by :meth:`astep`; override one of the two."""
+        if _overrides(self, "reject_action"):
+            return self.reject_action(problem)
+        return self._default_rejection(problem)
+
+    def _default_rejection(self, problem: str) -> StepResult:
         reward = 0.0
         if self.turn >= self.max_turns:  # the last turn scores the bottom, and the total never goes below it
             reward = min(0.0, self.reward_range[0] - min(self.episode_reward, 0.0))
@@ -278,7 +290,7 @@ class TextEnv(gymnasium.Env):
         if _overrides(self, "areset") and not _overrides(self, "reset"):
             return run_sync(self.areset(seed=seed, options=options))
         self._begin_episode(seed, options)
-        return self.build_prompt(), {"max_turns": self.max_turns}
+        return self.build_prompt(), self._reset_info()
 
     async def areset(self, *, seed: int | None = None,
                      options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
@@ -291,7 +303,15 @@ class TextEnv(gymnasium.Env):
         if _overrides(self, "reset") and not _overrides(self, "areset"):
             return await asyncio.to_thread(self.reset, seed=seed, options=options)
         self._begin_episode(seed, options)
-        return await self.abuild_prompt(), {"max_turns": self.max_turns}
+        return await self.abuild_prompt(), self._reset_info()
+
+    def _reset_info(self) -> dict[str, Any]:
+        """``reset``'s info: the task's turn limit, and its ``reward_ceiling`` where that is below the range's top."""
+        info: dict[str, Any] = {"max_turns": self.max_turns}
+        ceiling = float(self.reward_ceiling())
+        if ceiling < self.reward_range[1] - 1e-9:
+            info["reward_ceiling"] = ceiling
+        return info
 
     def _begin_episode(self, seed: int | None, options: dict[str, Any] | None) -> None:
         gymnasium.Env.reset(self, seed=seed)
@@ -314,7 +334,7 @@ class TextEnv(gymnasium.Env):
         problem = self._start_turn(action)
         try:
             if problem is not None:
-                result = self.reject_action(problem)
+                result = await self.areject_action(problem)
             elif type(self).atake_action is TextEnv.atake_action:
                 result = await asyncio.to_thread(self.take_action, action)
             else:

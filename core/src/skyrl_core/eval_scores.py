@@ -34,10 +34,13 @@ def pass_ks(samples: int) -> list[int]:
     return [*ks, samples] if samples >= 1 else []
 
 
-def passes(trajectory: Trajectory, threshold: float) -> bool:
+def passes(trajectory: Trajectory, threshold: float, *, ceilings: bool = False) -> bool:
     """Whether an episode counts as solved: no error and a reward of at least ``threshold`` (less a relative
     1e-6, as ``eval/pass_rate`` of a run's evaluations: a reward summed over turns, 0.1 + 0.2 + 0.7, may miss
-    1.0 by a rounding error)."""
+    1.0 by a rounding error). With ``ceilings`` the bar is the task's own ceiling where it is lower (a game
+    that cannot be won outright on every deal)."""
+    if ceilings and trajectory.reward_ceiling is not None:
+        threshold = min(threshold, trajectory.reward_ceiling)
     return trajectory.error is None and trajectory.reward >= threshold - 1e-6 * max(1.0, abs(threshold))
 
 
@@ -74,8 +77,8 @@ def episodes_of(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
 
 
 def score_tasks(rows: Sequence[Mapping[str, Any]], episodes: Sequence[Trajectory], threshold: float,
-                samples: int) -> list[TaskScore]:
-    """One :class:`TaskScore` per row, in row order.
+                samples: int, *, ceilings: bool = False) -> list[TaskScore]:
+    """One :class:`TaskScore` per row, in row order; ``ceilings`` as in :func:`passes`.
 
     Episodes find their row by group id (the row's ``id``, else its position, as the generator sets
     it); rows that share an id take that id's episodes in batch order, ``samples`` each.
@@ -92,7 +95,7 @@ def score_tasks(rows: Sequence[Mapping[str, Any]], episodes: Sequence[Trajectory
         count = seen[episode.group_id] = seen.get(episode.group_id, 0) + 1
         score = scores[indices[min((count - 1) // max(samples, 1), len(indices) - 1)]]
         score.rewards.append(episode.reward)
-        score.passed.append(passes(episode, threshold))
+        score.passed.append(passes(episode, threshold, ceilings=ceilings))
         score.errors += episode.error is not None
     return scores
 

@@ -37,6 +37,8 @@ class Evaluation:
     pass_threshold: float
     split_why: str = ""
     """Why this split: ``--split``, or the env's held-out split for its training split (empty with a task file)."""
+    at_ceilings: bool = True
+    """Whether an episode that reaches its task's own ceiling passes (the default threshold; not a --pass-threshold)."""
 
     @property
     def model(self) -> str:
@@ -89,7 +91,8 @@ def plan_evaluation(layers: Sequence[Mapping[str, Any]], *, split: str | None, t
         raise ConfigError(f"no tasks to evaluate for env {rollout.cfg.env_id!r}: {source} is empty")
     threshold = rollout.env_cls.reward_range_for(rollout.cfg.env)[1] if pass_threshold is None else pass_threshold
     folder = out or default_eval_dir(rollout.cfg.env_id, model_name(rollout.cfg))
-    return Evaluation(rollout, None if tasks else split, tasks, folder, threshold, split_why)
+    return Evaluation(rollout, None if tasks else split, tasks, folder, threshold, split_why,
+                      at_ceilings=pass_threshold is None)
 
 
 def run_evaluation(evaluation: Evaluation, *, show: int, console: Any) -> EvalResult:
@@ -103,7 +106,7 @@ def run_evaluation(evaluation: Evaluation, *, show: int, console: Any) -> EvalRe
     seconds = time.perf_counter() - clock
     episodes = episodes_of(batch.trajectories)
     ks = pass_ks(samples)
-    scores = score_tasks(rollout.rows, episodes, threshold, samples)
+    scores = score_tasks(rollout.rows, episodes, threshold, samples, ceilings=evaluation.at_ceilings)
     metrics = {**eval_metrics(scores, ks, samples), **batch.metrics}
     per_task = task_rows(scores, ks, samples)
     if show:

@@ -241,8 +241,9 @@ class MultiTurnGenerator:
         try:
             env = self.new_env(trajectory.task)
             seed = self.config.seed + trajectory.sample_index
-            messages, _ = await reset_env(env, seed=seed, options={"task": trajectory.task})
+            messages, info = await reset_env(env, seed=seed, options={"task": trajectory.task})
             trajectory.messages = list(messages)
+            trajectory.reward_ceiling = _ceiling(info)
             await self._play(env, trajectory)
         except EpisodeStop as stop:
             trajectory.stop_reason = stop.stop_reason
@@ -350,6 +351,11 @@ def _token_versions(out: GenerateOutput, n: int) -> list[int]:
         return [int(v) for v in versions[:n]]
     version = out.metadata.get("weight_version")
     return [int(version) if version is not None else -1] * n
+
+
+def _ceiling(info: Mapping[str, Any]) -> float | None:
+    ceiling = info.get("reward_ceiling") if isinstance(info, Mapping) else None
+    return float(ceiling) if isinstance(ceiling, int | float) and not isinstance(ceiling, bool) else None
 
 
 def _end_reason(terminated: bool, info: Mapping[str, Any]) -> str:

@@ -79,13 +79,13 @@ def held_out_metrics(batch: TrajectoryBatch, reward_range: tuple[float, float]) 
     """``eval/*`` of an evaluation rollout: its metrics under eval names, plus ``eval/pass_rate`` and
     ``eval/tasks``.
 
-    ``eval/pass_rate`` is the share of episodes that reached the top of the env's ``reward_range``
-    without an error, the bar the oracle holds a solution to (for a shaped reward, a right answer with
+    ``eval/pass_rate`` is the share of episodes that reached the top of the env's ``reward_range`` (or
+    their task's lower ``reward_ceiling``) without an error, the bar the oracle holds a solution to (for a shaped reward, a right answer with
     its format bonus). ``eval/env/<name>`` are the env's own metrics (e.g. ``eval/env/task_reward``).
     """
     metrics = {_eval_name(key): float(value) for key, value in batch.metrics.items()}
     episodes = [t for t in batch.roots() if t.is_last_step]
-    solved = sum(passes(t, reward_range[1]) for t in episodes)
+    solved = sum(passes(t, reward_range[1], ceilings=True) for t in episodes)
     metrics["eval/pass_rate"] = solved / len(episodes) if episodes else 0.0
     metrics["eval/tasks"] = float(len({t.group_id for t in episodes}))
     return metrics

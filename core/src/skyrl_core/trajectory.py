@@ -73,6 +73,9 @@ class Trajectory:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     env_node: str | None = None
+    reward_ceiling: float | None = None
+    """The best reward the task can reach where the env declares it below the top of its range (``reset``'s
+    ``info["reward_ceiling"]``): pass rates count an episode that reaches it as passed."""
     """The Ray node whose env worker ran the episode's env (``generator.env_placement=ray``); ``None``
     when the env ran in the generator's own process."""
 
