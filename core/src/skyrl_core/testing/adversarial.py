@@ -146,7 +146,7 @@ def _generic_probes() -> list[Probe]:
 
 
 GENERIC_PROBES: tuple[Probe, ...] = tuple(_generic_probes())
-QUICK_PROBES = frozenset({"empty_last", "whitespace_first", "eos_middle", "long", "control_chars", "format_repeated", "replay",
+QUICK_PROBES = frozenset({"empty_last", "whitespace_first", "eos_middle", "long", "control_chars", "format_repeated",
                           "format_openers", "echo", "near_miss", "gold_hedged", "gold_truncated"})
 
 
