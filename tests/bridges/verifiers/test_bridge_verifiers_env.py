@@ -91,6 +91,18 @@ def test_rejected_actions_reach_the_peer_as_empty_replies():
     assert empty.terminated and empty.reward == 0.0 and empty.info["rewards"]["format"] == 0.0
 
 
+def test_a_rejected_action_on_the_generators_async_path_reaches_the_peer_too():
+    import asyncio
+
+    env = _env({**GUESS, "max_turns": 2})
+
+    async def episode() -> list[float]:
+        await env.areset(seed=0)
+        return [(await env.astep("")).reward, (await env.astep("")).reward]  # areject_action, awaited off-thread
+
+    assert asyncio.run(episode()) == pytest.approx([0.0, -0.25])
+
+
 def test_adversarial_flags_format_rewards_paid_without_the_answer():
     report = check_adversarial("verifiers", config=QUIZ, quick=True)
     flagged = {outcome.probe for outcome in report.flagged}

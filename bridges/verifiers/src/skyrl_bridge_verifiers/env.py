@@ -123,7 +123,12 @@ class VerifiersEnv(TextEnv):
 
     def reject_action(self, problem: str) -> StepResult:
         """The peer scores a rejected action as an empty reply (its own rewards decide what that is worth)."""
-        event = self._call_sync(self._episode.act(""), self._rng)
+        return self._rejected(self._call_sync(self._episode.act(""), self._rng), problem)
+
+    async def areject_action(self, problem: str) -> StepResult:
+        return self._rejected(await self._call(self._episode.act("")), problem)
+
+    def _rejected(self, event: tuple, problem: str) -> StepResult:
         result = self._result(event, note=[{"role": "user", "content": problem}])
         return result._replace(info={**result.info, "invalid_action": problem})
 
