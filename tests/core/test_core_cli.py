@@ -126,3 +126,50 @@ def test_a_malformed_config_file_names_the_file_and_line(skyrl_cli, tmp_path):
     result = skyrl_cli("run", "--env", "reverse_text", "--trainer", "fsdp_grpo", "--config", str(config))
     assert result.exit_code == 2
     assert f"{config}:3:2: config file is not valid YAML" in result.output and "<unicode string>" not in result.output
+
+
+def test_print_config_prints_the_resolved_yaml_and_builds_nothing(skyrl_cli, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    result = skyrl_cli("run", "--env", "reverse_text", "--trainer", "fsdp_grpo", "--print-config",
+                       "trainer.steps=7", "env.max_turns=1")
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(result.stdout)
+    assert set(config) == {"env", "generator", "engine", "trainer", "run"}
+    assert config["trainer"]["steps"] == 7 and config["trainer"]["lr"] == 1e-6  # an override and a default
+    assert config["env"] == {**config["env"], "id": "reverse_text", "max_turns": 1}
+    assert config["engine"]["id"] == "hf" and config["generator"]["id"] == "default"
+    assert list(tmp_path.iterdir()) == []  # no run folder
+
+
+def test_rollout_and_eval_print_their_config_without_an_engine(skyrl_cli, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    for command in ("rollout", "eval"):
+        result = skyrl_cli(command, "--env", "reverse_text", "--engine", "no_engine_loaded_here", "--print-config",
+                           "generator.max_tokens_per_turn=9")
+        assert result.exit_code == 2 and "unknown engine id 'no_engine_loaded_here'" in result.output
+        result = skyrl_cli(command, "--env", "reverse_text", "--print-config", "generator.max_tokens_per_turn=9")
+        assert result.exit_code == 0, result.output
+        config = yaml.safe_load(result.stdout)
+        assert "trainer" not in config and config["generator"]["max_tokens_per_turn"] == 9
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_without_env_or_trainer_names_the_flag(skyrl_cli):
+    result = skyrl_cli("run", "--trainer", "fsdp_grpo")
+    assert result.exit_code == 2 and "--env is required (see `skyrl envs`)" in result.output
+    result = skyrl_cli("run", "--env", "reverse_text")
+    assert result.exit_code == 2 and "--trainer is required (see `skyrl trainers`)" in result.output
+
+
+def test_an_unknown_option_that_is_a_config_field_suggests_the_override(skyrl_cli):
+    result = skyrl_cli("run", "--env", "reverse_text", "--steps", "2", env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "No such option: --steps" in result.output and "trainer.steps=2" in result.output
+    result = skyrl_cli("eval", "--env", "reverse_text", "--max-turns=3", env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "env.max_turns=3" in result.output
+    result = skyrl_cli("run", "--stepz", "2", env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "No such option: --stepz" in result.output and "=2" not in result.output

@@ -29,7 +29,7 @@ def test_missing_vllm_or_gpu_is_named_with_the_alternative():
         assert "vllm package is not installed" in message and "skyrl-trainers[vllm]" in message
     if not HAS_CUDA:
         assert "no CUDA GPU" in message
-    assert "engine=hf" in message
+    assert "override engine.id=hf" in message and "--engine hf" in message
 
 
 def test_config_rejects_unknown_keys_and_bad_memory_fraction():

@@ -35,3 +35,16 @@ def test_resume_without_a_checkpoint_or_into_another_run_is_a_config_error(tmp_p
     with pytest.raises(ConfigError, match="already holds a run"):
         RunFolder(tmp_path / "run").create({})
     RunFolder(tmp_path / "run").create({}, resuming=True)
+
+
+def test_undo_create_removes_a_new_folder_and_restores_a_resumed_runs_config(tmp_path):
+    fresh = RunFolder(tmp_path / "new")
+    fresh.create({"trainer": {"id": "fsdp_grpo"}})
+    fresh.undo_create(fresh=True, previous_config=None)
+    assert not fresh.path.exists()
+    resumed = RunFolder(tmp_path / "old")
+    resumed.create({"trainer": {"model": "tiny-random"}})
+    before = resumed.saved_config()
+    resumed.create({"trainer": {"model": "other"}}, resuming=True)
+    resumed.undo_create(fresh=False, previous_config=before)
+    assert resumed.saved_config() == before and resumed.checkpoints.is_dir()

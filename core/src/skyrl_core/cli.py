@@ -8,6 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
+
+try:  # typer >= 0.20 carries its own copy of click
+    from typer._click.exceptions import NoSuchOption
+except ImportError:  # pragma: no cover - an older typer on click itself
+    from click.exceptions import NoSuchOption
 
 from skyrl_core.plugins import get_plugin_manager
 from skyrl_core.registry import KINDS, Kind, RegistryError
@@ -25,15 +31,72 @@ def build_app() -> typer.Typer:
     for kind in KINDS[1:]:
         app.command(f"{kind}s", help=f"List installed {kind}s.")(_listing_command(kind))
     app.command("check")(check_command)
-    app.command("rollout")(rollout_command)
-    app.command("eval")(eval_command)
-    app.command("run")(run_command)
+    app.command("rollout", cls=OverrideHintCommand)(rollout_command)
+    app.command("eval", cls=OverrideHintCommand)(eval_command)
+    app.command("run", cls=OverrideHintCommand)(run_command)
     app.command("node-resources")(node_resources_command)
     from skyrl_core.scaffold import new_app
 
     app.add_typer(new_app(), name="new")
     get_plugin_manager().register_commands(app)
     return app
+
+
+class OverrideHintCommand(TyperCommand):
+    """A command whose "No such option" error names the dotted override a config field takes instead
+    (``--steps 2``: ``trainer.steps=2``)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes ``args``
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as exc:
+            hint = override_hint(exc.option_name, given)
+            if hint:
+                exc.message = f"{exc.message.rstrip('.')}. {hint}"
+            raise
+
+
+def override_hint(option: str, args: list[str]) -> str | None:
+    """``"Config options are overrides: trainer.steps=2"`` when ``--steps`` names a field of a config
+    section (installed components' and the run section's), else ``None``."""
+    keys = config_keys_named(option.lstrip("-").replace("-", "_"))
+    if not keys:
+        return None
+    value = _value_after(option, args) or "VALUE"
+    return "Config options are overrides (no dashes): " + " or ".join(f"{key}={value}" for key in keys) + "."
+
+
+def _value_after(option: str, args: list[str]) -> str | None:
+    """The value ``option`` was given in ``args`` (``--steps 2`` or ``--steps=2`` -> ``2``), if any."""
+    for index, arg in enumerate(args):
+        if arg.startswith(option + "="):
+            return arg.partition("=")[2] or None
+        if arg == option and index + 1 < len(args) and not args[index + 1].startswith("-"):
+            return args[index + 1]
+    return None
+
+
+def config_keys_named(field: str) -> list[str]:
+    """``section.field`` for every config section with an option ``field`` (any installed component of the
+    section's kind; ``run``), in section order."""
+    from skyrl_core.config import SECTIONS, RunOptions
+    from skyrl_core.factory import config_fields
+
+    registry = get_plugin_manager().registry
+    keys = []
+    for section, kind in SECTIONS.items():
+        for spec in registry.listing(kind):
+            try:
+                fields = config_fields(kind, spec.id, registry)
+            except Exception:  # noqa: BLE001 - a hint must not fail on a plugin that does not load
+                continue
+            if field in fields:
+                keys.append(f"{section}.{field}")
+                break
+    if field in RunOptions.model_fields:
+        keys.append(f"run.{field}")
+    return keys
 
 
 def main() -> None:
@@ -302,12 +365,12 @@ def _print_adversarial(report: Any, as_json: bool) -> None:
                f"{len(report.exempt) + len(report.skipped)} skipped")
 
 
-def _config_layers(env: str, config_file: Path | None, overrides: list[str] | None,
+def _config_layers(env: str | None, config_file: Path | None, overrides: list[str] | None,
                    flags: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     from skyrl_core.config import load_yaml, parse_overrides
 
     layers: list[dict[str, Any]] = [load_yaml(config_file)] if config_file else []
-    layers.append({"env": {"id": env}, **{k: v for k, v in flags.items() if v}})
+    layers.append({**({"env": {"id": env}} if env else {}), **{k: v for k, v in flags.items() if v}})
     layers.append(parse_overrides(overrides or []))
     return layers
 
@@ -344,6 +407,8 @@ def rollout_command(
                                 "model or tokenizer is loaded); write one result per task to --out and exit 1 "
                                 "naming every task that does not reach the top of the env's reward_range."),
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="Oracle episodes run at once (with --oracle)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit "
+                                      "(no engine, model or data is loaded)."),
     overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
     """Run episodes without training, write trajectories to JSONL and print a reward summary.
@@ -360,14 +425,17 @@ def rollout_command(
     from skyrl_core.held_out import rollout_defaults
     from skyrl_core.rollouts import play_rollout, prepare_rollout
 
+    flags = {"engine": {**({"id": engine} if engine else {}), **({"model": model} if model else {})},
+             "generator": {"id": generator} if generator else {}}
+    if print_config:
+        _echo_episode_config(env, config_file, overrides, flags)
+        return
     if oracle:
         unused = [flag for flag, value in (("--engine", engine), ("--model", model), ("--generator", generator),
                                            ("--samples", samples)) if value]
         _oracle_rollout(env, n_tasks=n_tasks, split=split, tasks=tasks, out=out, config_file=config_file,
                         overrides=overrides, concurrency=concurrency, unused=unused)
         return
-    flags = {"engine": {**({"id": engine} if engine else {}), **({"model": model} if model else {})},
-             "generator": {"id": generator} if generator else {}}
     try:
         layers = _config_layers(env, config_file, overrides, flags)
         layers = [rollout_defaults(layers, get_plugin_manager().registry), *layers]
@@ -490,6 +558,8 @@ def eval_command(
     out: Path | None = typer.Option(None, "--out", help="Results folder; default: evals/<env>-<model>-<time>. One "
                                     "that already holds results is refused."),
     config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit "
+                                      "(no engine, model or data is loaded)."),
     overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
     """Evaluate a model on an env: the first episodes one by one, pass@k and mean@k per task, the summary,
@@ -506,6 +576,9 @@ def eval_command(
 
     flags = {"engine": {**({"id": engine} if engine else {}), **({"model": model} if model else {})},
              "generator": {"id": generator} if generator else {}}
+    if print_config:
+        _echo_episode_config(env, config_file, overrides, flags)
+        return
     try:
         evaluation = plan_evaluation(_config_layers(env, config_file, overrides, flags), split=split, tasks=tasks,
                                      n_tasks=n_tasks, samples=samples_per_task, out=out, pass_threshold=pass_threshold)
@@ -524,31 +597,34 @@ def eval_command(
 
 
 def run_command(
-    env: str = typer.Option(..., "--env", help="Env id (see `skyrl envs`)."),
-    trainer: str = typer.Option(..., "--trainer", help="Trainer id (see `skyrl trainers`), e.g. fsdp_grpo."),
+    env: str | None = typer.Option(None, "--env", help="Env id (see `skyrl envs`); required unless --config sets "
+                                   "env.id or --resume continues a run."),
+    trainer: str | None = typer.Option(None, "--trainer", help="Trainer id (see `skyrl trainers`), e.g. fsdp_grpo; "
+                                       "required unless --config sets trainer.id or --resume continues a run."),
     model: str | None = typer.Option(None, "--model", help="Policy model (sets trainer.model)."),
     config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder, from its saved "
+                                       "config.yaml; flags and overrides apply on top (not another model or env)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit "
+                                      "(nothing is built, no run folder is made)."),
     overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
     """Train a policy on an env: resolves env, generator, engine and trainer through the registry.
 
     Options the env recommends for a run (its spec's run_defaults, shown by `skyrl envs`) come first;
-    --config, flags and overrides replace them.
+    with --resume, the run's saved config.yaml replaces them; --config, flags and overrides replace both.
     """
-    from skyrl_core.config import build_config, env_run_defaults
     from skyrl_core.data import DataError
     from skyrl_core.engine import EngineError
     from skyrl_core.factory import ConfigError
 
-    flags: dict[str, dict[str, Any]] = {"trainer": {"id": trainer, **({"model": model} if model else {})}}
-    if resume:
-        flags["run"] = {"resume": str(resume)}
     registry = get_plugin_manager().registry
     try:
-        layers = _config_layers(env, config_file, overrides, flags)
-        cfg = build_config(env_run_defaults(layers, registry), *layers, registry=registry)
-        trainer_cls = registry.get("trainer", trainer).load()
+        cfg = _run_config(env, trainer, model, config_file, resume, overrides)
+        if print_config:
+            _echo_config(cfg)
+            return
+        trainer_cls = registry.get("trainer", str(cfg.trainer_id)).load()
         summary = trainer_cls(cfg).fit()
     except (ConfigError, RegistryError, DataError, EngineError) as exc:
         raise _fail(str(exc)) from None
@@ -561,6 +637,55 @@ def run_command(
     held_out = eval_reward_line(summary or {})  # the held-out reward before and after training
     if held_out:
         typer.echo(held_out)
+
+
+def _run_config(env: str | None, trainer: str | None, model: str | None, config_file: Path | None,
+                resume: Path | None, overrides: list[str] | None) -> Any:
+    """The resolved config of ``skyrl run``: the env's run_defaults, the resumed run's saved config (with
+    --resume or run.resume), --config, flags, overrides; later wins."""
+    from skyrl_core.config import build_config, dotted_get, env_run_defaults, merge, resumed_run_layer
+    from skyrl_core.factory import ConfigError
+
+    flags: dict[str, dict[str, Any]] = {"trainer": {**({"id": trainer} if trainer else {}),
+                                                    **({"model": model} if model else {})}}
+    if resume:
+        flags["run"] = {"resume": str(resume)}
+    registry = get_plugin_manager().registry
+    layers = _config_layers(env, config_file, overrides, flags)
+    saved = resumed_run_layer(layers, registry)
+    chosen: dict[str, Any] = {}
+    for layer in (saved, *layers):
+        chosen = merge(chosen, layer)
+    for key, flag, listing in (("env.id", "--env", "envs"), ("trainer.id", "--trainer", "trainers")):
+        if not dotted_get(chosen, key):
+            raise ConfigError(f"{flag} is required (see `skyrl {listing}`), unless --config sets {key} or "
+                              "--resume RUN_DIR continues a run")
+    # a resumed run's saved config already holds the env's run_defaults it started with
+    base = saved if saved else env_run_defaults(layers, registry)
+    return build_config(base, *layers, registry=registry)
+
+
+def _echo_episode_config(env: str, config_file: Path | None, overrides: list[str] | None,
+                         flags: dict[str, dict[str, Any]]) -> None:
+    """``skyrl rollout/eval --print-config``: the config their episodes would be played with."""
+    from skyrl_core.config import build_config
+    from skyrl_core.factory import ConfigError
+    from skyrl_core.held_out import rollout_defaults
+
+    registry = get_plugin_manager().registry
+    try:
+        layers = _config_layers(env, config_file, overrides, flags)
+        cfg = build_config(rollout_defaults(layers, registry), *layers, registry=registry, need_trainer=False)
+    except (ConfigError, RegistryError) as exc:
+        raise _fail(str(exc)) from None
+    _echo_config(cfg)
+
+
+def _echo_config(cfg: Any) -> None:
+    """``--print-config``: the resolved config (every section, defaults filled) as YAML on stdout."""
+    import yaml
+
+    typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_core.factory import ConfigError, component_config, config_fields, validate_config
-from skyrl_core.registry import Kind, Registry, did_you_mean
+from skyrl_core.registry import Kind, Registry, RegistryError, did_you_mean
 
 SECTIONS: dict[str, Kind] = {"env": "env", "trainer": "trainer", "generator": "generator", "engine": "engine"}
 DEFAULT_IDS = {"generator": "default", "engine": "hf"}  # the env's spec may name another generator
@@ -212,3 +212,81 @@ def build_config(*layers: Mapping[str, Any], registry: Registry, need_trainer: b
         resolved[section] = component_config(kind, str(component_id), options, registry)
     resolved["run"] = validate_config(RunOptions, raw.get("run", {}), "run")
     return ResolvedConfig(**resolved)
+
+
+RUN_CONFIG_FILE = "config.yaml"  # the resolved config a run writes into its folder (skyrl_trainers.run_folder)
+CHECKPOINT_KEYS = ("env.id", "trainer.id", "trainer.model", "trainer.lora.rank")  # what a checkpoint is bound to
+
+
+def dotted_get(tree: Mapping[str, Any], key: str) -> Any:
+    """``tree["a"]["b"]`` for ``key="a.b"``; ``None`` where any part is missing."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def resumed_run_layer(layers: Sequence[Mapping[str, Any]], registry: Registry) -> dict[str, Any]:
+    """The saved config of the run that ``layers`` resume (``run.resume``), as the layer to put under them;
+    ``{}`` when they resume nothing.
+
+    The saved file is fully resolved; only the values that differ from their component's defaults are
+    kept, so that an option the run left alone stays "not set" (a trainer may fill it, e.g. ``engine.model``
+    from ``trainer.model``). A section whose id ``layers`` change (``engine.id=vllm``) starts afresh.
+    Raises :class:`ConfigError` when the folder holds no saved config, or when ``layers`` ask for another
+    value of a key the checkpoint is bound to (:data:`CHECKPOINT_KEYS`), naming both values.
+    """
+    asked: dict[str, Any] = {}
+    for layer in layers:
+        asked = merge(asked, layer)
+    run_dir = dotted_get(asked, "run.resume")
+    if not run_dir:
+        return {}
+    saved = _saved_run_config(str(run_dir))
+    for key in CHECKPOINT_KEYS:
+        check_resume_key(str(run_dir), key, dotted_get(saved, key), dotted_get(asked, key))
+    kept: dict[str, Any] = {}
+    for section, options in saved.items():
+        if not isinstance(options, Mapping):
+            continue
+        asked_id, saved_id = dotted_get(asked, f"{section}.id"), options.get("id")
+        if section in SECTIONS and asked_id is not None and asked_id != saved_id:
+            continue
+        kept[section] = _without_defaults(section, dict(options), registry)
+    return kept
+
+
+def _saved_run_config(run_dir: str) -> dict[str, Any]:
+    """``RUN_DIR/config.yaml``, or a :class:`ConfigError` saying why the folder is not a run's."""
+    saved_file = Path(run_dir) / RUN_CONFIG_FILE
+    if not saved_file.is_file():
+        what = "does not exist" if not Path(run_dir).exists() else f"holds no {RUN_CONFIG_FILE}"
+        raise ConfigError(f"--resume {run_dir}: the folder {what}; give the folder of a run that `skyrl run` "
+                          f"started (it holds {RUN_CONFIG_FILE} and checkpoints/)")
+    return load_yaml(saved_file)
+
+
+def _without_defaults(section: str, options: dict[str, Any], registry: Registry) -> dict[str, Any]:
+    """``options`` less the values equal to the section's defaults (all of them where those are unknown)."""
+    try:
+        if section == "run":
+            defaults = RunOptions().model_dump(mode="json")
+        elif section in SECTIONS and options.get("id") is not None:
+            model = component_config(SECTIONS[section], str(options["id"]), {}, registry)
+            defaults = model.model_dump(mode="json") if model is not None else {}
+        else:
+            return options
+    except (ConfigError, RegistryError):  # an id no longer installed, or a config with required options
+        return options
+    return {key: value for key, value in options.items() if key == "id" or defaults.get(key, object()) != value}
+
+
+def check_resume_key(run_dir: str, key: str, saved: Any, asked: Any) -> None:
+    """Refuse a command that asks for another ``key`` than the run's checkpoint was trained with."""
+    if asked is None or saved is None or asked == saved:
+        return
+    raise ConfigError(f"--resume {run_dir} was trained with {key}={saved}; this command asks for {key}={asked}. "
+                      f"A resumed run keeps its {key}: drop that option, or start a new run (another "
+                      "run.output_dir) to train with the other value")

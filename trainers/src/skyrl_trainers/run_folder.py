@@ -46,6 +46,19 @@ class RunFolder:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 
+    def saved_config(self) -> str | None:
+        """The text of ``config.yaml`` (``None`` where there is none yet)."""
+        path = self.path / "config.yaml"
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    def undo_create(self, fresh: bool, previous_config: str | None) -> None:
+        """Undo :meth:`create` for a run that failed before its first step: remove the folder where ``fresh``
+        (this run made it), else put back the ``config.yaml`` it held (a failed resume does not change it)."""
+        if fresh:
+            shutil.rmtree(self.path, ignore_errors=True)
+        elif previous_config is not None:
+            (self.path / "config.yaml").write_text(previous_config, encoding="utf-8")
+
     def checkpoint_dir(self, step: int) -> Path:
         return self.checkpoints / f"step_{step:06d}"
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,6 +66,7 @@ class FSDPGRPOTrainer:
         self.cfg: FSDPGRPOConfig = config.trainer
         resume = config.run.resume
         self.run_folder = RunFolder(resume if resume else config.default_output_dir())
+        self.training_started = False  # set once the step loop begins (fit removes a folder it made before)
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
@@ -80,8 +83,24 @@ class FSDPGRPOTrainer:
         resume_from = self.run_folder.latest_checkpoint() if run.resume else None
         resumed = torch.load(resume_from / "trainer_state.pt", weights_only=False) if resume_from else None
         start = resumed["step"] if resumed else 0
+        fresh, previous_config = not self.run_folder.path.exists(), self.run_folder.saved_config()
         self.run_folder.create(self.config.to_dict(), resuming=resumed is not None)
         print(f"run folder: {self.run_folder.path}", flush=True)
+        self.training_started = False
+        try:
+            return self._train(start, resumed, resume_from, stream, held_out)
+        except BaseException:
+            if not self.training_started:  # leave no empty run behind, nor a config a resume never ran with
+                self.run_folder.undo_create(fresh, previous_config)
+                if fresh:
+                    print(f"removed the run folder {self.run_folder.path}: the run failed before its first step",
+                          file=sys.stderr, flush=True)
+            raise
+
+    def _train(self, start: int, resumed: dict[str, Any] | None, resume_from: Path | None, stream: TaskStream,
+               held_out: HeldOutEval) -> dict[str, float]:
+        """Build the engine, ranks and generator, then run the step loop (``fit`` after the folder exists)."""
+        cfg, run = self.cfg, self.config.run
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
         spec = WorkerSpec(cfg, temperature=temperature, seed=run.seed)
         shared = can_share_weights(self.config, engine_class(self.config))  # never off sync (see its docstring)
@@ -111,6 +130,7 @@ class FSDPGRPOTrainer:
             logger = MetricsLogger(self.run_folder.path, console=False, wandb_project=run.wandb_project,
                                    wandb_mode=run.wandb_mode, config=self.config.to_dict())
             step_loop = _StepLoop(self, workers, engine, generator, stream, loop, logger, weight_sync, held_out)
+            self.training_started = True
             with TrainingProgress(total=cfg.steps, done=start, enabled=run.console) as progress:
                 summary = step_loop.run(start, progress)
             if cfg.export:

@@ -101,7 +101,8 @@ def check_vllm_available() -> None:
         problems.append("torch sees no CUDA GPU (torch.cuda.is_available() is False)")
     if problems:
         raise VLLMUnavailableError("the vllm engine cannot start: " + "; ".join(problems)
-                                   + ". Use engine=hf for CPU or GPU generation with transformers.")
+                                   + ". To generate with transformers instead (CPU or GPU), use the hf engine: the "
+                                   "override engine.id=hf (`skyrl rollout`/`skyrl eval`: --engine hf)")
 
 
 class VLLMEngine:
