@@ -43,6 +43,7 @@ def test_the_reward_range_follows_the_named_env_and_its_turns():
 @pytest.mark.parametrize(("options", "words"), [
     ({"name": "nope"}, ["'nope'", "gsm8k_multi_turn", "text2sql"]),
     ({"name": "searchcode"}, ["not supported", "unsandboxed"]),
+    ({"name": "lcb"}, ["not supported", "exec()", "skyrl-sandbox"]),  # model code would run in the trainer
     ({"name": "text2sql", "args": {"db": "/x"}}, ["'db'", "db_path"]),
     ({"name": "gsm8k", "args": {"topk": 3}}, ["'topk'", "none"]),
 ])

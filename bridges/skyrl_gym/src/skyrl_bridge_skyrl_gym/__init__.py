@@ -16,7 +16,7 @@ def register_envs(register):
         entry_point="skyrl_bridge_skyrl_gym.env:SkyRLGymEnv",
         config="skyrl_bridge_skyrl_gym.config:SkyRLGymConfig",
         catalog="skyrl_bridge_skyrl_gym.catalog:entries",
-        description="SkyRL-Gym 0.4.0's envs (env.name: gsm8k, gsm8k_multi_turn, text2sql, search, aime, lcb) on "
+        description="SkyRL-Gym 0.4.0's envs (env.name: gsm8k, gsm8k_multi_turn, text2sql, search, aime) on "
                     "SkyRL's parquet/JSONL rows (env.data_files); built-in rows for gsm8k and gsm8k_multi_turn.",
         max_turns=1,
         reward_range=(0.0, 1.0),

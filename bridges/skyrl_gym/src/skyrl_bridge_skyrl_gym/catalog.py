@@ -55,8 +55,11 @@ PEER_ENVS: dict[str, PeerEnv] = {env.name: env for env in [
     PeerEnv("aime", "AIME math, one reply; 1 if the last 'Answer: X' in the reply's last 300 characters matches, "
             "else -1.", 1, False, (-1.0, 1.0), ("reward_model.ground_truth",), tags=("math",)),
     PeerEnv("lcb", "LiveCodeBench: one reply with a Python program, run against the row's tests; 1 if all pass.",
-            1, False, (0.0, 1.0), ("reward_spec.ground_truth",), tags=("code", "runs model code (peer's own guard)"),
-            io=True, needs="rows whose reward_spec.ground_truth is the JSON list of tests"),
+            1, False, (0.0, 1.0), ("reward_spec.ground_truth",), tags=("code", "unsupported"), io=True,
+            supported=False,
+            why_unsupported="it runs the model's program with exec() inside the training process, guarded only by "
+                            "a signal alarm (no isolation of files, network or memory); train code tasks on an "
+                            "env that runs model code in skyrl-sandbox (rlm_repl, harbor_terminal)"),
     PeerEnv("searchcode", "Search plus a Python tool over several turns.", 2, True, (0.0, 1.0),
             ("reward_spec.ground_truth",), tags=("unsupported",), io=True, supported=False,
             why_unsupported="its python tool runs model code with `python -c` on the host, unsandboxed, and its "

@@ -12,7 +12,7 @@ from skyrl_bridge_skyrl_gym.catalog import PEER_ENVS
 
 class SkyRLGymConfig(CatalogEnvConfig):
     name: str = Field("gsm8k", min_length=1, description="The skyrl-gym env (`skyrl envs --catalog skyrl_gym`): "
-                                                          "gsm8k, gsm8k_multi_turn, text2sql, search, aime, lcb.")
+                                                          "gsm8k, gsm8k_multi_turn, text2sql, search, aime.")
     args: dict[str, Any] = Field(default_factory=dict, description="The peer env's env_config options: text2sql: "
                                  "db_path; search: search_url, topk, timeout, log_requests.")
     max_turns: int = Field(1, ge=1, description="Turn limit, passed to the peer as extras['max_turns'] as SkyRL's "
