@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from core_envs import ScriptedEnginePlugin, TestEnvsPlugin
 from skyrl_core.trajectory import read_jsonl
@@ -106,7 +107,8 @@ def test_rollout_takes_the_engine_from_the_config_file_unless_given(skyrl_cli, r
                        "--out", str(out), "env.max_turns=1")
     assert result.exit_code == 0, result.output
     assert len(list(read_jsonl(out))) == 1
-    result = skyrl_cli("rollout", "--env", "reverse_text", "--config", str(config), "--engine", "no_such_engine")
+    result = skyrl_cli("rollout", "--env", "reverse_text", "--config", str(config), "--engine", "no_such_engine",
+                       "--out", str(tmp_path / "other.jsonl"))
     assert result.exit_code == 2 and "no_such_engine" in result.output
 
 
@@ -161,8 +163,31 @@ def test_rollout_and_eval_print_their_config_without_an_engine(skyrl_cli, tmp_pa
 def test_run_without_env_or_trainer_names_the_flag(skyrl_cli):
     result = skyrl_cli("run", "--trainer", "fsdp_grpo")
     assert result.exit_code == 2 and "--env is required (see `skyrl envs`)" in result.output
-    result = skyrl_cli("run", "--env", "reverse_text")
-    assert result.exit_code == 2 and "--trainer is required (see `skyrl trainers`)" in result.output
+
+
+def test_run_without_trainer_takes_the_only_installed_one_and_says_so(skyrl_cli):
+    import yaml
+
+    result = skyrl_cli("run", "--env", "reverse_text", "--print-config")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout)["trainer"]["id"] == "fsdp_grpo"
+    assert "trainer: fsdp_grpo (the only one installed; --trainer chooses another)" in result.stderr
+
+
+def test_run_without_trainer_is_an_error_when_none_or_several_are_installed(skyrl_cli, skyrl_plugin_manager,
+                                                                            monkeypatch):
+    from skyrl_core.registry import TrainerSpec
+
+    trainers = skyrl_plugin_manager.registry.specs["trainer"]
+    monkeypatch.setitem(trainers, "other_grpo", TrainerSpec(id="other_grpo", entry_point="nowhere:Trainer"))
+    result = skyrl_cli("run", "--env", "reverse_text", "--print-config", env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "--trainer is required (see `skyrl trainers`; 2 are installed: fsdp_grpo, other_grpo)" in result.output
+    monkeypatch.setitem(skyrl_plugin_manager.registry.specs, "trainer", {})
+    result = skyrl_cli("run", "--env", "reverse_text", "--print-config", env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "--trainer is required (see `skyrl trainers`; none is installed; skyrl-trainers provides fsdp_grpo)" \
+        in result.output
 
 
 def test_an_unknown_option_that_is_a_config_field_suggests_the_override(skyrl_cli):
@@ -173,3 +198,53 @@ def test_an_unknown_option_that_is_a_config_field_suggests_the_override(skyrl_cl
     assert result.exit_code == 2 and "env.max_turns=3" in result.output
     result = skyrl_cli("run", "--stepz", "2", env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "No such option: --stepz" in result.output and "=2" not in result.output
+
+
+def test_rollout_refuses_to_overwrite_its_out_file_unless_told(skyrl_cli, tmp_path):
+    out = tmp_path / "rollouts.jsonl"
+    out.write_text("earlier results\n")
+    oracle = ("rollout", "--env", "reverse_text", "--oracle", "--n-tasks", "1", "--out", str(out))
+    result = skyrl_cli(*oracle, env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert f"{out} already exists; choose another file with --out PATH, or pass --overwrite" in result.output
+    assert out.read_text() == "earlier results\n"
+    result = skyrl_cli(*oracle, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 1 and f"wrote 1 oracle episodes to {out}" in result.output
+    result = skyrl_cli("rollout", "--env", "reverse_text", "--oracle", "--out", str(tmp_path), "--overwrite")
+    assert result.exit_code == 2 and f"--out {tmp_path} is a folder" in result.output
+
+
+def test_the_example_run_config_resolves(skyrl_cli, tmp_path, monkeypatch):
+    import yaml
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "configs" / "my_run.yaml"
+    monkeypatch.chdir(tmp_path)
+    result = skyrl_cli("run", "--print-config", "--config", str(example))
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(result.stdout)
+    assert config["env"]["id"] == "reverse_text" and config["trainer"]["id"] == "fsdp_grpo"
+    assert config["trainer"]["model"] == "tiny-random" and config["generator"]["n_samples_per_prompt"] == 4
+    assert list(tmp_path.iterdir()) == []  # nothing built
+
+
+def test_envs_table_fits_80_columns_and_keeps_metadata_short(skyrl_cli):
+    result = skyrl_cli("envs", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
+    (reverse,) = [line for line in lines if "│ reverse_text " in line]
+    assert "max_turns=2," in reverse
+    assert "run_defaults" not in result.stdout and "eval_splits" not in result.stdout  # dicts: in --json only
+    rows = {row["id"]: row for row in json.loads(skyrl_cli("envs", "--json").output)}
+    assert "run_defaults" in rows["reverse_text"] and "eval_splits" in rows["reverse_text"]
+
+
+def test_listing_metadata_is_one_short_line_per_row():
+    from skyrl_core.cli import compact_metadata
+
+    row = {"id": "sql", "provider": "skyrl-sql", "version": "0.1", "description": "SQL", "clash": False,
+           "max_turns": 5, "reward_range": [-1.0, 1.0], "catalog": "pkg.catalog:entries", "needs_network": False,
+           "needs_docker": True, "default_generator": None, "stop": ["</sql>", "</solution>"],
+           "run_defaults": {"env": {"max_turns": 2}}, "eval_splits": {"train": "test"}}
+    assert compact_metadata(row) == "max_turns=5, reward=-1..1, catalog, needs_docker, stop=</sql>|</solution>"

@@ -82,6 +82,16 @@ def test_the_report_names_each_task_with_the_env_columns_and_fails_on_a_broken_o
     assert "1 of 3 task(s) solved by their oracle at reward 1; failed: broken-sum, fails-start" in result.output
 
 
+def test_the_report_table_fits_the_terminal(skyrl_cli, register_skyrl_plugin, tmp_path):
+    register_skyrl_plugin(Plugin())
+    folder = _folder(tmp_path, {"add": "2 3", "broken-sum": "1 1"})
+    result = skyrl_cli("check", "folder_qa", "--dataset", str(folder), env={"COLUMNS": "80"})
+    assert result.exit_code == 1, result.output
+    table = [line for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= 80, "\n".join(table)
+    assert "broken-sum: the gold actions scored 0, expected the top of reward_range 1" in result.output
+
+
 def test_the_report_as_json_and_a_clean_dataset_passes(skyrl_cli, register_skyrl_plugin, tmp_path):
     register_skyrl_plugin(Plugin())
     folder = _folder(tmp_path, {"one": "1 2", "two": "20 22"})

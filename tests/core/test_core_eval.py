@@ -25,8 +25,8 @@ SKYRL = Path(sys.executable).with_name("skyrl")
 WIDE = "500"  # columns: table cells never wrap, so their text can be looked for in the output
 
 
-def skyrl_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": WIDE, "SKYRL_PLUGIN_MODULES": "eval_engines",
+def skyrl_eval(*args: str, cwd: Path, columns: str = WIDE) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": columns, "SKYRL_PLUGIN_MODULES": "eval_engines",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([str(SKYRL), "eval", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -88,6 +88,15 @@ def test_eval_prints_the_first_episodes_and_writes_a_results_folder(tmp_path):
 
     again = skyrl_eval("--env", "reverse_text", "--engine", "answers", "--out", str(folder), cwd=tmp_path)
     assert again.returncode == 2 and "already holds results" in again.stderr
+
+
+def test_eval_tables_fit_an_80_column_terminal(tmp_path):
+    done = skyrl_eval("--env", "reverse_text", "--engine", "answers", "--n-tasks", "2", "--samples-per-task", "2",
+                      "--show", "2", "env.max_turns=1", cwd=tmp_path, columns="80")
+    assert done.returncode == 0, done.stdout + done.stderr
+    tables = [line for line in done.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert tables and max(len(line) for line in tables) <= 80, "\n".join(tables)
+    assert "first 2 of 4 episodes" in done.stdout and "per task" in done.stdout and "eval summary" in done.stdout
 
 
 TASKS = {"t-one": ("apple", 1), "t-two": ("river", 2), "t-none": ("stone", 0), "t-all": ("cloud", 4)}

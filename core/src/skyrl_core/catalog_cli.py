@@ -67,8 +67,7 @@ def _table(env_id: str, rows: list[ScoreRow], adversarial: bool) -> None:
         conformance = row.conformance + (f" ({len(row.failed)})" if row.failed else "")
         flagged = ", ".join(row.flagged) or ("none" if row.probed else "-")
         table.add_row(escape(row.name), conformance, escape(flagged), row.gold, f"{row.seconds:.1f}")
-    console = Console(width=max(Console().width, 160))
-    console.print(table)
+    Console().print(table)  # the terminal's width: cells fold rather than overflow it
     for row in rows:
         lines = ([f"error: {row.error}"] if row.error else []) + [f"check {f}" for f in row.failed] + row.reasons
         if lines:

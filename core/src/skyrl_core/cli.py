@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - an older typer on click itself
     from click.exceptions import NoSuchOption
 
 from skyrl_core.plugins import get_plugin_manager
-from skyrl_core.registry import KINDS, Kind, RegistryError
+from skyrl_core.registry import KINDS, Kind, Registry, RegistryError
 
 OVERRIDES_HELP = "Dotted config overrides such as trainer.lr=1e-6 env.max_turns=4 (values parsed as YAML)."
 
@@ -167,14 +167,12 @@ def _listing_command(kind: Kind) -> Any:
         from rich.table import Table
 
         table = Table(title=f"{kind}s")
-        for column in ("id", "provider", "description", "metadata"):
-            table.add_column(column)
+        table.add_column("id", no_wrap=True)
+        for column in ("provider", "description", "metadata"):
+            table.add_column(column, overflow="fold")  # wrapped, never cut: the table fits the terminal
         for row in rows:
-            meta = ", ".join(f"{k}={v}" for k, v in row.items()
-                             if k not in {"id", "provider", "version", "description", "clash"}
-                             and v not in (None, False) and v != {})
             table.add_row(row["id"] + (" (CLASH)" if row["clash"] else ""), f"{row['provider']} {row['version']}",
-                          row["description"], meta)
+                          row["description"], compact_metadata(row))
         Console().print(table)
         for spec_id in sorted(registry.clashes[kind]):
             typer.echo(f"clash: {registry.clash_message(kind, spec_id)}", err=True)
@@ -184,6 +182,34 @@ def _listing_command(kind: Kind) -> Any:
 
     listing.__doc__ = f"List installed {kind}s with the package that provides each."
     return listing
+
+
+LISTING_COLUMNS = ("id", "provider", "version", "description", "clash")
+METADATA_NAMES = {"reward_range": "reward", "default_generator": "generator"}
+
+
+def compact_metadata(row: dict[str, Any]) -> str:
+    """A listing row's metadata in one short cell: ``max_turns=4, reward=-1..1, stop=</sql>|</solution>,
+    needs_docker``. Flags that are off, empty values and mappings (run_defaults, eval_splits) are left
+    out; ``--json`` has them all. A catalogue shows as ``catalog`` (``skyrl envs --catalog ID`` lists it)."""
+    parts = []
+    for key, value in row.items():
+        if key in LISTING_COLUMNS or value in (None, False, "", [], ()) or isinstance(value, dict):
+            continue
+        parts.append(_metadata_part(key, value))
+    return ", ".join(parts)
+
+
+def _metadata_part(key: str, value: Any) -> str:
+    """One ``key=value`` of :func:`compact_metadata` (a flag that is on: its name alone)."""
+    if value is True or key == "catalog":
+        return key
+    name = METADATA_NAMES.get(key, key)
+    if key == "reward_range" and isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"{name}={value[0]:g}..{value[1]:g}"
+    if isinstance(value, (list, tuple)):
+        return f"{name}={'|'.join(map(str, value))}"
+    return f"{name}={value}"
 
 
 def envs_command(
@@ -320,7 +346,7 @@ def _dataset_check(env_id: str, options: dict[str, Any], dataset: Path, *, concu
             cells = [f"{value:g}" if isinstance(value, float) else str(value) for value in row.values()]
             cells[-1] = cells[-1] if len(cells[-1]) <= 100 else cells[-1][:99] + "…"  # in full below the table
             table.add_row(*map(escape, cells))
-        Console(width=max(Console().width, 200)).print(table)
+        Console().print(table)
         for result in report.failed:
             typer.echo(f"  {result.task_name}: {result.problem(report.reward_range)}")
         typer.echo(f"{len(rows) - len(report.failed)} of {len(rows)} task(s) solved by their oracle at reward "
@@ -401,7 +427,9 @@ def rollout_command(
                                      "env evaluates on (trainer.eval_split, else the env's held-out split for "
                                      "trainer.data_split; rlm_repl: starter_test)."),
     tasks: Path | None = typer.Option(None, "--tasks", help="JSONL file of task rows instead of the built-in data."),
-    out: Path = typer.Option(Path("rollouts.jsonl"), "--out", help="Where to write the trajectories (JSONL)."),
+    out: Path = typer.Option(Path("rollouts.jsonl"), "--out", help="Where to write the trajectories (JSONL); an "
+                             "existing file is refused unless --overwrite is given."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the --out file if it exists."),
     config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
     oracle: bool = typer.Option(False, "--oracle", help="Play the env's gold actions instead of a model (no engine, "
                                 "model or tokenizer is loaded); write one result per task to --out and exit 1 "
@@ -434,7 +462,7 @@ def rollout_command(
         unused = [flag for flag, value in (("--engine", engine), ("--model", model), ("--generator", generator),
                                            ("--samples", samples)) if value]
         _oracle_rollout(env, n_tasks=n_tasks, split=split, tasks=tasks, out=out, config_file=config_file,
-                        overrides=overrides, concurrency=concurrency, unused=unused)
+                        overrides=overrides, concurrency=concurrency, unused=unused, overwrite=overwrite)
         return
     try:
         layers = _config_layers(env, config_file, overrides, flags)
@@ -443,6 +471,7 @@ def rollout_command(
                                   n_tasks=n_tasks, samples=samples)
     except (ConfigError, RegistryError, DataError, EngineError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
+    _refuse_overwrite(out, overwrite)  # after the config and tasks: their errors come first
     batch = play_rollout(rollout)
     batch.to_jsonl(out)
     from rich.console import Console
@@ -456,9 +485,17 @@ def rollout_command(
         raise _fail(f"all {len(episodes)} episodes failed; the first: {episodes[0].error.splitlines()[0]}", code=1)
 
 
+def _refuse_overwrite(out: Path, overwrite: bool) -> None:
+    """Stop before any episode is played (after the config and tasks are read) when ``out`` is a folder, or exists and ``--overwrite`` was not given."""
+    if out.is_dir():
+        raise _fail(f"--out {out} is a folder; name a file (JSONL) to write the trajectories to")
+    if out.exists() and not overwrite:
+        raise _fail(f"{out} already exists; choose another file with --out PATH, or pass --overwrite to replace it")
+
+
 def _oracle_rollout(env: str, *, n_tasks: int, split: str | None, tasks: Path | None, out: Path,
                     config_file: Path | None, overrides: list[str] | None, concurrency: int,
-                    unused: list[str]) -> None:
+                    unused: list[str], overwrite: bool) -> None:
     """``skyrl rollout --oracle``: play every row's gold actions, report and write the results."""
     import asyncio
 
@@ -488,6 +525,7 @@ def _oracle_rollout(env: str, *, n_tasks: int, split: str | None, tasks: Path | 
         raise _fail(str(exc)) from None
     if not rows:
         raise _fail(f"no tasks to run for env {env!r} (split {split!r})")
+    _refuse_overwrite(out, overwrite)
     with RolloutProgress(len(rows), "oracle episodes") as progress:
         results = asyncio.run(play_gold(cls, env_config, rows, concurrency=concurrency,
                                         on_result=lambda _result: progress.advance()))
@@ -588,7 +626,7 @@ def eval_command(
     why = f" ({evaluation.split_why})" if evaluation.split_why and evaluation.split_why != "--split" else ""
     typer.echo(f"evaluating {evaluation.model} ({rollout.cfg.engine_id}) on {rollout.cfg.env_id}: {len(rollout.rows)} "
                f"task(s) from {evaluation.source}{why}, {rollout.samples} episode(s) each", err=True)
-    result = run_evaluation(evaluation, show=show, console=Console(width=max(Console().width, 160)))
+    result = run_evaluation(evaluation, show=show, console=Console())
     typer.echo(f"wrote the evaluation to {result.folder} (open it with: skyrl view {result.folder})")
     if result.all_failed:
         first = result.episodes[0].error or ""
@@ -656,13 +694,29 @@ def _run_config(env: str | None, trainer: str | None, model: str | None, config_
     chosen: dict[str, Any] = {}
     for layer in (saved, *layers):
         chosen = merge(chosen, layer)
-    for key, flag, listing in (("env.id", "--env", "envs"), ("trainer.id", "--trainer", "trainers")):
-        if not dotted_get(chosen, key):
-            raise ConfigError(f"{flag} is required (see `skyrl {listing}`), unless --config sets {key} or "
-                              "--resume RUN_DIR continues a run")
+    if not dotted_get(chosen, "env.id"):
+        raise ConfigError("--env is required (see `skyrl envs`), unless --config sets env.id or --resume RUN_DIR "
+                          "continues a run")
+    if not dotted_get(chosen, "trainer.id"):
+        layers.insert(0, {"trainer": {"id": _only_trainer(registry)}})
     # a resumed run's saved config already holds the env's run_defaults it started with
     base = saved if saved else env_run_defaults(layers, registry)
     return build_config(base, *layers, registry=registry)
+
+
+def _only_trainer(registry: Registry) -> str:
+    """The trainer of a run that names none: the only installed one (said on stderr), else a ConfigError
+    saying that ``--trainer`` is required and what is installed."""
+    from skyrl_core.factory import ConfigError
+
+    installed = sorted({spec.id for spec in registry.listing("trainer")})
+    if len(installed) == 1:
+        typer.echo(f"trainer: {installed[0]} (the only one installed; --trainer chooses another)", err=True)
+        return installed[0]
+    found = (f"{len(installed)} are installed: {', '.join(installed)}" if installed
+             else "none is installed; skyrl-trainers provides fsdp_grpo")
+    raise ConfigError(f"--trainer is required (see `skyrl trainers`; {found}), unless --config sets trainer.id "
+                      "or --resume RUN_DIR continues a run")
 
 
 def _echo_episode_config(env: str, config_file: Path | None, overrides: list[str] | None,
