@@ -230,7 +230,7 @@ def test_installed_bad_plugins_never_break_the_tutorial_plugin(fresh_venv, tmp_p
         envs = fresh_venv.skyrl_json("envs", env=env)
         assert ("reverse_text", "skyrl-reverse-text") in [(e["id"], e["provider"]) for e in envs], bad
         rollout = fresh_venv.skyrl("rollout", "--env", "reverse_text", "--oracle", "--n-tasks", "2",
-                                   "--out", str(tmp_path / "oracle.jsonl"), env=env)
+                                   "--out", str(tmp_path / f"oracle-{bad}.jsonl"), env=env)
         assert rollout.returncode == 0 and "oracle solved all 2 task(s)" in rollout.stdout, (bad, rollout.stderr)
 
     plugins = fresh_venv.skyrl("plugins")
