@@ -77,11 +77,11 @@ def score_one(env_id: str, options: dict[str, Any], adversarial: bool, quick: bo
               skip: tuple[str, ...]) -> ScoreRow:
     """The scorecard row of one env (in this process)."""
     from skyrl_core.testing import check_adversarial, check_env
-    from skyrl_core.testing.check import SKIPPABLE, _family
+    from skyrl_core.testing.check import SKIPPABLE, check_family
 
     started = time.perf_counter()
     row = ScoreRow(str(options["name"]))
-    checks = {name for name in skip if _family(name) in SKIPPABLE}
+    checks = {name for name in skip if check_family(name) in SKIPPABLE}
     try:
         report = check_env(env_id, config=options, n_tasks=n_tasks, seed=seed, skip=checks, raise_on_failure=False)
         row.conformance = "fail" if report.failed else "pass"

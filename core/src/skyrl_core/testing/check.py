@@ -110,7 +110,7 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
     episode exactly, so it passes ``skip={"determinism"}`` (Gymnasium's checker then treats it as
     ``nondeterministic`` too, and ``astep`` is compared with ``step`` by shape only).
     """
-    unknown = sorted(name for name in skip if _family(name) not in SKIPPABLE)
+    unknown = sorted(name for name in skip if check_family(name) not in SKIPPABLE)
     if unknown:
         raise ValueError(f"unknown check {unknown[0]!r} in skip.{did_you_mean(unknown[0], list(SKIPPABLE))} "
                          f"Checks: {', '.join(SKIPPABLE)}")
@@ -129,7 +129,7 @@ def check_env(env: str | type[TextEnv], *, tasks: Sequence[Mapping[str, Any]] | 
 
     def run(name: str, check: Callable[[], str | None]) -> bool:
         """Run one check into the report; False when it failed."""
-        if name in skip or _family(name) in skip:
+        if name in skip or check_family(name) in skip:
             report.skipped.append(name)
             return True
         try:
@@ -199,7 +199,7 @@ def _dataset_rows(cls: type[TextEnv], config: EnvConfig, report: EnvCheckReport)
     return rows
 
 
-def _family(check: str) -> str:
+def check_family(check: str) -> str:
     """``"action:huge"`` -> ``"action"``, ``"gold[row 3]"`` -> ``"gold"``."""
     return check.split(":")[0].split("[")[0]
 
