@@ -8,7 +8,7 @@ in every mode (so the loss is the same), ``generation_workers = 2 x batch_size``
 for ``async``. The engine runs in its own process (``trainer.engine_placement=process``) unless
 ``--placement in_process``. Each mode runs in its own subprocess, ``--rounds`` times, alternating.
 
-Reported per mode (median over rounds): wall time of the step loop (``time/total_seconds``: setup,
+Reported per mode (median over rounds): wall time of the step loop (``time/step_loop_seconds``: setup,
 model load and export excluded), samples trained per second, the mean over steps of the generation
 and training idle fractions (``async/*_idle_fraction``), the reward of the last three steps
 (``reward/last``), async's dropped groups, and the samples/s ratio to ``sync``.
@@ -72,8 +72,8 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
         return sum(values) / len(values) if values else float("nan")
 
     samples = sum(r["train/samples"] for r in records)
-    return {"mode": args.mode, "wall_seconds": summary["time/total_seconds"], "samples": samples,
-            "samples_per_second": samples / summary["time/total_seconds"],
+    return {"mode": args.mode, "wall_seconds": summary["time/step_loop_seconds"], "samples": samples,
+            "samples_per_second": samples / summary["time/step_loop_seconds"],
             "generation_idle": mean("async/generation_idle_fraction"),
             "training_idle": mean("async/training_idle_fraction"),
             "reward_last": summary.get("reward/last", float("nan")),

@@ -12,11 +12,14 @@ The main job walks the starter rows in order, so every three steps cover the twe
 once: single steps alternate between easy and hard kinds (a sawtooth), and the plot also draws the
 mean of the last three steps, which compares like with like.
 
-It prints one table (step x seed, task and shaped reward), writes ``learning_curve.png`` and
-``learning_curve.json`` to ``--out``, and checks that in every seed the mean task reward of the last
+It prints one table (step x seed, task and shaped reward), then one row per seed: wall time, peak RSS
+of the run (its largest process, the trainer; each seed runs under its own parent so the figure is its
+own), task reward of the first and last three steps and the held-out evaluation before and after
+training (``eval/reward_mean``, ``eval/pass_rate``). It writes ``learning_curve.png`` and
+``learning_curve.json`` to ``--out`` and checks that in every seed the mean task reward of the last
 three steps is above that of the first three (exit status 1 otherwise).
 
-    python bench/learning_curve.py                      # seeds 0 1 2, about 10 minutes each on 2 cores
+    python bench/learning_curve.py                      # seeds 0 1 2, under 10 minutes each on 2 bf16 cores
     python bench/learning_curve.py --seeds 0 --out /tmp/lc trainer.steps=8   # extra overrides pass through
     python bench/learning_curve.py --out /tmp/lc --replot   # table and plot again from learning_curve.json
 """
@@ -25,32 +28,63 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 WINDOW = 3
 
 
-def run_seed(seed: int, out: Path, overrides: list[str]) -> tuple[list[dict[str, float]], float]:
-    """Train one seed in a fresh process; its per-step metrics and wall time (the run's peak RSS is
-    printed: the largest process so far, i.e. the trainer)."""
+# runs the command and prints the peak RSS of its largest descendant (ru_maxrss of this parent's children)
+MEASURED = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(code)")
+
+
+def run_seed(seed: int, out: Path, overrides: list[str]) -> dict[str, Any]:
+    """Train one seed in a fresh process: its per-step metrics, held-out evaluations, wall time and peak RSS."""
     folder = out / f"seed{seed}"
     command = [sys.executable, "-m", "skyrl_core.cli", "run", "--env", "rlm_repl", "--trainer", "fsdp_grpo",
                f"run.seed={seed}", f"run.output_dir={folder}", "run.console=false", "trainer.export=false", *overrides]
     print(f"seed {seed}: {' '.join(command[3:])}", flush=True)
     started = time.perf_counter()
     with open(out / f"seed{seed}.log", "w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+        done = subprocess.run([sys.executable, "-c", MEASURED, *command], stdout=log, stderr=subprocess.PIPE,
+                              text=True)
     seconds = time.perf_counter() - started
-    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2
-    print(f"seed {seed}: {seconds / 60:.1f} min, peak RSS of the largest process so far {peak_gb:.2f} GiB", flush=True)
+    if done.returncode != 0:
+        raise SystemExit(f"seed {seed} failed (exit {done.returncode}); its log: {out / f'seed{seed}.log'}\n"
+                         f"{done.stderr[-2000:]}")
+    peak_gib = int(done.stderr.strip().splitlines()[-1]) / 1024**2
+    print(f"seed {seed}: {seconds / 60:.1f} min, peak RSS {peak_gib:.2f} GiB", flush=True)
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in records if "reward/mean" in r]  # training steps (not the step-0 held-out evaluation)
-    return steps, seconds
+    return {"steps": [r for r in records if "reward/mean" in r],  # training steps, not evaluations
+            "evals": [r for r in records if "eval/pass_rate" in r], "seconds": seconds, "peak_rss_gib": peak_gib}
+
+
+def print_seed_summary(runs: dict[int, dict[str, Any]]) -> list[int]:
+    """One row per seed (the README's table); returns the seeds whose task reward did not rise."""
+    print(f"| seed | wall time, min | peak RSS, GiB | task reward, steps 1-{WINDOW} -> last {WINDOW} | shaped reward "
+          "| eval reward, before -> after | eval pass rate, before -> after | |")
+    print("|---|---:|---:|---|---|---|---|---|")
+    failed = []
+    for seed, run in sorted(runs.items()):
+        first, last = window_means([s["env/task_reward"] for s in run["steps"]])
+        shaped_first, shaped_last = window_means([s["reward/mean"] for s in run["steps"]])
+        evals = run["evals"]
+        before, after = (evals[0], evals[-1]) if len(evals) > 1 else ({}, {})
+        ok = last > first
+        failed += [] if ok else [seed]
+        print(f"| {seed} | {run['seconds'] / 60:.1f} | {run['peak_rss_gib']:.2f} | {first:.3f} -> {last:.3f} | "
+              f"{shaped_first:.3f} -> {shaped_last:.3f} | {_pair(before, after, 'eval/reward_mean')} | "
+              f"{_pair(before, after, 'eval/pass_rate')} | {'PASS' if ok else 'FAIL'} |")
+    return failed
+
+
+def _pair(before: dict[str, float], after: dict[str, float], key: str) -> str:
+    return f"{before[key]:.3f} -> {after[key]:.3f}" if key in before and key in after else "-"
 
 
 def window_means(values: list[float]) -> tuple[float, float]:
@@ -111,25 +145,17 @@ def main() -> int:
                         "learning_curve.json instead of training.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    curves, seconds = {}, {}
     if args.replot:
         saved = json.loads((args.out / "learning_curve.json").read_text())
-        curves = {int(seed): steps for seed, steps in saved.items()}
-        seconds = {seed: float("nan") for seed in curves}
-        args.seeds = sorted(curves)
-    for seed in [] if args.replot else args.seeds:
-        curves[seed], seconds[seed] = run_seed(seed, args.out, args.overrides)
+        runs = {int(seed): run for seed, run in saved.items()}
+        args.seeds = sorted(runs)
+    else:
+        runs = {seed: run_seed(seed, args.out, args.overrides) for seed in args.seeds}
+        (args.out / "learning_curve.json").write_text(json.dumps({str(k): v for k, v in runs.items()}, indent=1))
+    curves = {seed: run["steps"] for seed, run in runs.items()}
     print_table(curves)
-    failed = []
     print()
-    for seed in args.seeds:
-        first, last = window_means([s["env/task_reward"] for s in curves[seed]])
-        shaped_first, shaped_last = window_means([s["reward/mean"] for s in curves[seed]])
-        ok = last > first
-        failed += [] if ok else [seed]
-        print(f"seed {seed}: task reward first {WINDOW} steps {first:.3f} -> last {WINDOW} {last:.3f}; shaped "
-              f"{shaped_first:.3f} -> {shaped_last:.3f}; {seconds[seed] / 60:.1f} min  {'PASS' if ok else 'FAIL'}")
-    (args.out / "learning_curve.json").write_text(json.dumps({str(k): v for k, v in curves.items()}, indent=1))
+    failed = print_seed_summary(runs)
     plot(curves, args.out / "learning_curve.png")
     print(f"plot: {args.out / 'learning_curve.png'}")
     return 1 if failed else 0

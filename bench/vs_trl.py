@@ -1,10 +1,14 @@
 """Our ``fsdp_grpo`` beside TRL's ``GRPOTrainer`` on identical GRPO work, on CPU, with compute floors.
 
-Work (both sides): the embedded SmolLM2-135M (``model_source("smollm2-135m")``, fp32, no gradient
-checkpointing); the 16 one-line questions of ``bench/_substring_env.py`` (reward 1 when the answer
+Work (both sides, in each precision): the embedded SmolLM2-135M (``model_source("smollm2-135m")``, fp32
+weights, no gradient checkpointing); the 16 one-line questions of ``bench/_substring_env.py`` (reward 1 when the answer
 contains a known word, case-insensitive); per step 8 prompts x 4 samples (GRPO group 4), at most 64
 new tokens, temperature 1.0, top-p 1, no top-k; lr 1e-6 (constant), no KL (``kl_coef`` 0 / ``beta``
 0); one optimizer step per step (one rollout batch, no reuse); the same torch thread count.
+
+Precisions (``--precisions``, both by default): ``fp32`` everywhere, and each side's bf16 setting with fp32
+master weights: ours ``trainer.precision=bf16`` (bf16 autocast in training; the ``hf`` engine decodes with
+bf16 copies of the decoder layers' weights), TRL ``bf16=True`` (accelerate's bf16 autocast).
 
 * ours: ``FSDPGRPOTrainer`` built from ``skyrl_core.config.build_config`` (generator ``default``,
   engine ``hf``), the env registered at run time as a plugin; per-step times from the trainer's own
@@ -19,13 +23,14 @@ new tokens, temperature 1.0, top-p 1, no top-k; lr 1e-6 (constant), no KL (``kl_
 The sides run alternately (ours, TRL, ours, TRL for ``--rounds 2``), each in its own subprocess.
 Times are medians over steps, pooled over rounds, without each run's first (warm-up) step. Peak RSS
 is the worker process's VmHWM (max with its children's ``ru_maxrss``), the highest over rounds.
-Compute floors use a fp32 matmul rate measured in this run (best of a few large square
-``torch.matmul``, same thread count, before and after the runs): ``floor_train = 6*N*T_train/rate`` (T_train = prompt +
+Compute floors use the matmul rate of the run's precision measured in this run (best of a few large
+square ``torch.matmul`` in fp32, or in bf16 for the bf16 runs, same thread count, before and after): ``floor_train = 6*N*T_train/rate`` (T_train = prompt +
 completion tokens trained), ``floor_gen = 2*N*(prefilled + generated tokens)/rate``, N = parameter
 count (tied embedding counted once; attention FLOPs ignored), each per step, median over steps.
 
     python bench/vs_trl.py                      # 4 steps per run, 2 rounds, threads = CPU cores
     python bench/vs_trl.py --steps 6 --threads 2 --rounds 1
+    python bench/vs_trl.py --precisions bf16    # one precision only
     python bench/vs_trl.py --trl-version 1.16.0 --trl-venv /tmp/trl-venv
 """
 
@@ -49,6 +54,7 @@ DEFAULT_VENV = Path.home() / ".cache" / "skyrl" / "bench-trl-venv"
 DEFAULT_TRL = "1.16.0"  # needs transformers>=4.56.2; runs with the repo's transformers 5.x
 PROMPTS_PER_STEP, GROUP, MAX_NEW_TOKENS, LR, TEMPERATURE = 8, 4, 64, 1e-6, 1.0
 HELD_PACKAGES = ("torch", "transformers", "accelerate", "datasets")
+PRECISIONS = ("fp32", "bf16")
 
 
 # --------------------------------------------------------------------------- measurements shared by workers
@@ -71,7 +77,7 @@ def model_folder() -> str:
 
 # --------------------------------------------------------------------------- our side
 
-def run_ours(steps: int, threads: int, workdir: Path) -> dict[str, Any]:
+def run_ours(steps: int, threads: int, workdir: Path, precision: str) -> dict[str, Any]:
     import torch
     torch.set_num_threads(threads)
     sys.path.insert(0, str(BENCH_DIR))
@@ -90,7 +96,7 @@ def run_ours(steps: int, threads: int, workdir: Path) -> dict[str, Any]:
                       "max_total_tokens": MAX_NEW_TOKENS, "max_turns": 1, "temperature": TEMPERATURE,
                       "top_p": 1.0, "top_k": -1},
         "engine": {"id": "hf", "device": "cpu", "dtype": "float32"},
-        "trainer": {"id": "fsdp_grpo", "model": "smollm2-135m", "device": "cpu", "precision": "fp32",
+        "trainer": {"id": "fsdp_grpo", "model": "smollm2-135m", "device": "cpu", "precision": precision,
                     "gradient_checkpointing": False, "batch_size": PROMPTS_PER_STEP, "steps": steps, "lr": LR,
                     "kl_coef": 0.0, "export": False, "samples_per_step": 0},
         "run": {"console": False, "output_dir": tempfile.mkdtemp(prefix="ours-run-", dir=workdir), "seed": 0},
@@ -112,7 +118,7 @@ def run_ours(steps: int, threads: int, workdir: Path) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- TRL's side
 
-def run_trl(steps: int, threads: int, workdir: Path) -> dict[str, Any]:
+def run_trl(steps: int, threads: int, workdir: Path, precision: str) -> dict[str, Any]:
     import torch
     torch.set_num_threads(threads)
     sys.path.insert(0, str(BENCH_DIR))
@@ -165,7 +171,7 @@ def run_trl(steps: int, threads: int, workdir: Path) -> dict[str, Any]:
         per_device_train_batch_size=batch, gradient_accumulation_steps=1, num_generations=GROUP,
         generation_batch_size=batch, num_iterations=1, max_completion_length=MAX_NEW_TOKENS,
         temperature=TEMPERATURE, top_p=1.0, top_k=0, beta=0.0, learning_rate=LR, lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, bf16=False, fp16=False, use_cpu=True,
+        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, bf16=precision == "bf16", fp16=False, use_cpu=True,
         **no_ckpt, logging_steps=1, report_to="none", use_vllm=False, save_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, model_init_kwargs={"dtype": torch.float32})
     trainer = TimedGRPOTrainer(model=model_folder(), reward_funcs=reward, args=args, train_dataset=dataset,
@@ -235,12 +241,13 @@ def ensure_trl_venv(venv: Path, version: str) -> Path:
 
 # --------------------------------------------------------------------------- parent: floors, runs, table
 
-def matmul_gflops(threads: int) -> float:
+def matmul_gflops(threads: int, precision: str) -> float:
     import torch
     torch.set_num_threads(threads)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     best = 0.0
     for n in (2048, 3072):
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         torch.matmul(a, b)  # warm-up
         for _ in range(3):
             t0 = time.perf_counter()
@@ -255,9 +262,10 @@ def parameter_count() -> int:
     return sum(p.numel() for p in model.parameters())  # tied weights appear once
 
 
-def run_worker(side: str, python: str, steps: int, threads: int, workdir: Path, log: Path) -> dict[str, Any] | str:
+def run_worker(side: str, python: str, precision: str, steps: int, threads: int, workdir: Path,
+               log: Path) -> dict[str, Any] | str:
     out = workdir / f"{side}.json"
-    cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--steps", str(steps),
+    cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--precision", precision, "--steps", str(steps),
            "--threads", str(threads), "--workdir", str(workdir), "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1",
            "CUDA_VISIBLE_DEVICES": ""}
@@ -306,7 +314,7 @@ def summarize(runs: list[dict[str, Any]], n_params: int, rate: float) -> dict[st
     return s
 
 
-def table(ours: dict[str, float] | None, theirs: dict[str, float] | None) -> str:
+def table(ours: dict[str, float] | None, theirs: dict[str, float] | None, precision: str) -> str:
     rows = [("step wall time, s (median)", "step", "{:.2f}"), ("  generation, s", "gen", "{:.2f}"),
             ("  training, s (step - generation)", "train", "{:.2f}"),
             ("generated tokens/s", "tok_s", "{:.1f}"), ("generated tokens / step", "generated", "{:.0f}"),
@@ -318,7 +326,7 @@ def table(ours: dict[str, float] | None, theirs: dict[str, float] | None) -> str
             ("floor: training, s", "floor_train", "{:.3f}"),
             ("step / floor", "x_step", "{:.1f}x"), ("generation / floor", "x_gen", "{:.1f}x"),
             ("training / floor", "x_train", "{:.1f}x"), ("steps in medians", "steps_used", "{:.0f}")]
-    lines = ["| metric | ours (fsdp_grpo) | TRL (GRPOTrainer) | ours/TRL |", "|---|---:|---:|---:|"]
+    lines = [f"| metric ({precision}) | ours (fsdp_grpo) | TRL (GRPOTrainer) | ours/TRL |", "|---|---:|---:|---:|"]
     for label, key, fmt in rows:
         a = fmt.format(ours[key]) if ours else "failed"
         b = fmt.format(theirs[key]) if theirs else "failed"
@@ -330,17 +338,21 @@ def table(ours: dict[str, float] | None, theirs: dict[str, float] | None) -> str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="Training steps per run (16 prompts = 2 steps/epoch).")
-    parser.add_argument("--rounds", type=int, default=2, help="Alternations of (ours, TRL).")
+    parser.add_argument("--rounds", type=int, default=2, help="Alternations of (ours, TRL) per precision.")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="torch threads on both sides.")
+    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS),
+                        help="fp32, bf16 (fp32 master weights, each side's bf16 autocast), or both.")
     parser.add_argument("--trl-version", default=DEFAULT_TRL)
     parser.add_argument("--trl-venv", type=Path, default=DEFAULT_VENV)
     parser.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--precision", choices=list(PRECISIONS), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
-        result = (run_ours if args.worker == "ours" else run_trl)(args.steps, args.threads, args.workdir)
+        result = (run_ours if args.worker == "ours" else run_trl)(args.steps, args.threads, args.workdir,
+                                                                   args.precision)
         args.out.write_text(json.dumps(result))
         return
 
@@ -352,47 +364,66 @@ def main() -> None:
         trl_error = str(exc)
         print(f"TRL unavailable: {trl_error}", flush=True)
     import torch
-    rate = matmul_gflops(args.threads)
+    rates = {p: matmul_gflops(args.threads, p) for p in args.precisions}
     n_params = parameter_count()
-    print(f"fp32 matmul: {rate:.1f} GFLOP/s with {args.threads} threads; N = {n_params / 1e6:.1f} M parameters",
-          flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
-    errors: dict[str, list[str]] = {"ours": [], "trl": []}
+    print("matmul: " + ", ".join(f"{p} {r:.1f} GFLOP/s" for p, r in rates.items())
+          + f" with {args.threads} threads; N = {n_params / 1e6:.1f} M parameters", flush=True)
+    runs = {(p, side): [] for p in args.precisions for side in ("ours", "trl")}
+    errors: dict[tuple[str, str], list[str]] = {key: [] for key in runs}
     with tempfile.TemporaryDirectory(prefix="skyrl-vs-trl-") as tmp:
         workdir = Path(tmp)
         logs = Path(tempfile.mkdtemp(prefix="skyrl-vs-trl-logs-"))
         for r in range(args.rounds):
-            for side, python in (("ours", sys.executable), ("trl", trl_python)):
-                if python is None:
-                    continue
-                print(f"round {r + 1}/{args.rounds}: {side}, {args.steps} steps", flush=True)
-                result = run_worker(side, python, args.steps, args.threads, workdir, logs / f"{side}-{r + 1}.log")
-                if isinstance(result, str):
-                    errors[side].append(result)
-                else:
-                    runs[side].append(result)
-                    (logs / "results.json").write_text(json.dumps(runs))
+            for precision in args.precisions:
+                for side, python in (("ours", sys.executable), ("trl", trl_python)):
+                    if python is None:
+                        continue
+                    print(f"round {r + 1}/{args.rounds}: {side} {precision}, {args.steps} steps", flush=True)
+                    result = run_worker(side, python, precision, args.steps, args.threads, workdir,
+                                        logs / f"{side}-{precision}-{r + 1}.log")
+                    if isinstance(result, str):
+                        errors[precision, side].append(result)
+                        continue
+                    runs[precision, side].append(result)
+                    (logs / "results.json").write_text(json.dumps({f"{p}/{s}": v for (p, s), v in runs.items()}))
                     print("    per step (s, step/gen): " + ", ".join(
                         f"{row['step_seconds']:.1f}/{row['gen_seconds']:.1f}" for row in result["steps"]), flush=True)
     print(f"raw per-step results and worker logs: {logs}", flush=True)
-    rate = max(rate, matmul_gflops(args.threads))  # best of before and after the runs (a busy machine)
-    print(f"fp32 matmul after the runs: best {rate:.1f} GFLOP/s", flush=True)
-    ours = summarize(runs["ours"], n_params, rate) if runs["ours"] else None
-    theirs = summarize(runs["trl"], n_params, rate) if runs["trl"] else None
-    meta = runs["trl"][0] if runs["trl"] else {}
+    # best of before and after the runs (a busy machine)
+    rates = {p: max(r, matmul_gflops(args.threads, p)) for p, r in rates.items()}
+    summaries = {key: summarize(found, n_params, rates[key[0]]) if found else None for key, found in runs.items()}
+    meta = next((found[0] for (_, side), found in runs.items() if side == "trl" and found), {})
     print()
     print(f"fsdp_grpo vs TRL GRPOTrainer {meta.get('trl_version', args.trl_version)} "
-          f"(transformers {md.version('transformers')}, torch {torch.__version__}), smollm2-135m fp32 on CPU, "
+          f"(transformers {md.version('transformers')}, torch {torch.__version__}), smollm2-135m on CPU, "
           f"{args.threads} threads; {PROMPTS_PER_STEP} prompts x {GROUP} samples/step, <= {MAX_NEW_TOKENS} new "
-          f"tokens, T={TEMPERATURE}; {args.steps} steps x {args.rounds} rounds per side (first step of each run "
-          f"excluded); fp32 matmul {rate:.1f} GFLOP/s; N = {n_params / 1e6:.1f} M")
-    print()
-    print(table(ours, theirs))
-    for side, errs in errors.items():
+          f"tokens, T={TEMPERATURE}; {args.steps} steps x {args.rounds} rounds per side and precision (first "
+          f"step of each run excluded); N = {n_params / 1e6:.1f} M; matmul "
+          + ", ".join(f"{p} {r:.1f} GFLOP/s" for p, r in rates.items()))
+    for precision in args.precisions:
+        print()
+        print(table(summaries[precision, "ours"], summaries[precision, "trl"], precision))
+    if len(args.precisions) == 2:
+        print()
+        print(precision_ratios(summaries))
+    for (precision, side), errs in errors.items():
         for e in errs:
-            print(f"\n{side}: {e}")
+            print(f"\n{side} {precision}: {e}")
     if trl_error:
         print(f"\nTRL: {trl_error}")
+
+
+def precision_ratios(summaries: dict[tuple[str, str], dict[str, float] | None]) -> str:
+    """bf16 over fp32 on each side: the speed-up each framework gets from the CPU's bf16 units."""
+    lines = ["| bf16 / fp32 | ours | TRL |", "|---|---:|---:|"]
+    for label, key in (("step wall time", "step"), ("generation", "gen"), ("training", "train"),
+                       ("peak RSS", "rss"), ("mean reward", "reward")):
+        cells = []
+        for side in ("ours", "trl"):
+            low, full = summaries["bf16", side], summaries["fp32", side]
+            cells.append(f"{low[key] / full[key]:.2f}" if low and full and full[key] else "-")
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai_server import Completion, OpenAIServer, error_fault, unused_port
+from openai_server import Completion, Fault, OpenAIServer, error_fault
 from skyrl_core.chat import ChatRenderer
 from skyrl_core.engine import EngineError, SamplingParams
 from skyrl_core.engines.openai import ChatTextCodec, OpenAIEngine, OpenAIStatusError
@@ -188,13 +188,16 @@ def test_chat_codec_renders_through_the_chat_renderer_and_decodes_back_to_messag
 
 
 def test_cli_rollout_whose_every_episode_failed_exits_1_with_a_one_line_reason(tmp_path, skyrl_cli):
-    url = f"http://127.0.0.1:{unused_port()}/v1"
-    result = skyrl_cli("rollout", "--env", "reverse_text", "--engine", "openai", "--model", "m", "--n-tasks", "2",
-                       "--out", str(tmp_path / "r.jsonl"), f"engine.base_url={url}", "engine.mode=chat",
-                       "engine.max_retries=0", env={"COLUMNS": "400"})
+    # the server answers the check before the episodes (GET /models), then refuses every chat request;
+    # an unreachable one stops before any episode (tests/core/test_hosted_eval_cli.py)
+    with OpenAIServer(make_tokenizer("chatml"), models=["m"]) as server:
+        server.inject(Fault(), *[error_fault(400, "the model is unavailable")] * 2)
+        result = skyrl_cli("rollout", "--env", "reverse_text", "--engine", "openai", "--model", "m", "--n-tasks",
+                           "2", "--out", str(tmp_path / "r.jsonl"), f"engine.base_url={server.url}",
+                           "engine.mode=chat", env={"COLUMNS": "400"})
     assert result.exit_code == 1, result.output
     reason = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(reason) == 1 and "all 2 episodes failed" in reason[0] and "cannot reach" in reason[0], result.output
+    assert len(reason) == 1 and "all 2 episodes failed" in reason[0] and "unavailable" in reason[0], result.output
     assert "wrote 2 trajectories" in result.output
 
 

@@ -103,7 +103,7 @@ def test_rollout_metrics_of_separate_groups_combine_like_one_batch():
 
 def test_refused_combinations_say_why(run_config, extra_envs):
     with pytest.raises(Exception, match="off_policy.tis=token"):
-        run_config(env="letter_e", trainer={"mode": "async"})
+        run_config(env="letter_e", trainer={"mode": "async", "off_policy": {"tis": "none"}})
     sleepy = run_config(env="letter_e", engine={"id": "sleepy_hf"}, trainer={"mode": "async", **OFF_POLICY})
     with pytest.raises(ConfigError, match="enable_sleep_mode=true frees the engine's memory"):
         FSDPGRPOTrainer(sleepy).fit()

@@ -367,7 +367,9 @@ def test_fsdp_grpo_trains_with_two_engine_replicas(run_config, local_ray, built_
     from skyrl_trainers.trainer import FSDPGRPOTrainer
     from trainer_support import read_metrics
 
-    cfg = run_config(trainer={"steps": 2, "engine_placement": "ray", "export": False}, engine={"replicas": 2},
+    # fp32 on both sides: the logprob gap then measures the weight sync alone, not bf16 rounding
+    cfg = run_config(trainer={"steps": 2, "engine_placement": "ray", "export": False, "precision": "fp32"},
+                     engine={"replicas": 2},
                      run={"seed": 5})
     groups_before = set(local_ray.util.placement_group_table())
     summary = FSDPGRPOTrainer(cfg).fit()

@@ -19,8 +19,10 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0)
 
 @pytest.fixture
 def engine(tiny):
+    # packed_dtype=float32 throughout this file: logprobs equal the model's own forward to 1e-4 (the bf16
+    # packing a bf16 CPU gets by default is tested in test_engines_hf_packed.py)
     model, tokenizer = tiny
-    engine = HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(seed=0))
+    engine = HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(packed_dtype="float32", seed=0))
     yield engine
     engine.close()
 
@@ -29,7 +31,7 @@ def batching_engine(engine, size):
     """An engine on the same model that starts decoding only once ``size`` requests are in (or after 5 s),
     so a test's concurrent requests form one batch however slowly a loaded machine schedules them."""
     return HFEngine.from_model(engine.model, engine.tokenizer,
-                               HFEngineConfig(max_batch_size=size, batch_wait_ms=5000))
+                               HFEngineConfig(packed_dtype="float32", max_batch_size=size, batch_wait_ms=5000))
 
 
 def chat_prompts(tokenizer, n):
@@ -61,7 +63,7 @@ async def test_requests_that_trickle_in_start_as_one_batch_when_each_arrival_res
 
     async def first_batch(max_wait_ms: float) -> int:
         trickled = HFEngine.from_model(engine.model, engine.tokenizer,
-                                       HFEngineConfig(batch_wait_ms=1000, batch_wait_max_ms=max_wait_ms))
+                                       HFEngineConfig(packed_dtype="float32", batch_wait_ms=1000, batch_wait_max_ms=max_wait_ms))
         calls = []
         for prompt in prompts:
             calls.append(asyncio.create_task(trickled.generate(prompt, GREEDY)))
@@ -140,7 +142,7 @@ async def test_sampled_logprobs_follow_the_sampling_temperature(engine):
 
 async def test_raw_logprob_mode_reports_the_unscaled_model(tiny):
     model, tokenizer = tiny
-    engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(logprobs_mode="raw"))
+    engine = HFEngine.from_model(model, tokenizer, HFEngineConfig(packed_dtype="float32", logprobs_mode="raw"))
     prompt = chat_prompts(tokenizer, 1)[0]
     out = await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.7, top_k=5, seed=1))
     assert out.logprobs == pytest.approx(teacher_forced_logprobs(model, prompt, out.token_ids).tolist(), abs=1e-4)
@@ -229,7 +231,7 @@ async def test_generation_uses_new_weights_after_update(tiny):
     """Weight sync: after an optimizer step on the trainer's copy, the engine's logprobs move with it."""
     model, tokenizer = tiny
     trainer_model = copy.deepcopy(model).train()
-    engine = HFEngine.from_model(copy.deepcopy(model), tokenizer)
+    engine = HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(packed_dtype="float32"))
     prompt = chat_prompts(tokenizer, 1)[0]
     before = await engine.generate(prompt, GREEDY)
     response = before.token_ids
@@ -271,7 +273,7 @@ def test_engine_serves_successive_event_loops(engine):
 
 
 def test_config_builds_engine_by_name_and_rejects_unknown_keys():
-    engine = HFEngine(HFEngineConfig(model="tiny-random", device="cpu", max_batch_size=4))
+    engine = HFEngine(HFEngineConfig(packed_dtype="float32", model="tiny-random", device="cpu", max_batch_size=4))
     assert engine.tokenizer.eos_token == "<|im_end|>" and engine.device.type == "cpu"
     with pytest.raises(ValueError, match="max_batchsize"):
         HFEngineConfig(model="tiny-random", max_batchsize=4)

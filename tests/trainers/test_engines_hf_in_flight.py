@@ -36,8 +36,9 @@ def new_model(tiny, new_state):
 
 
 def make_engine(tiny, mode, **options):
+    # float32 packing: each token's logprob equals a teacher-forced pass of its weight version to 1e-4
     model, tokenizer = tiny
-    return HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(in_flight_updates=mode, **options))
+    return HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(in_flight_updates=mode, packed_dtype="float32", **options))
 
 
 def prompt_of(tokenizer, text):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from skyrl_core.engine import EngineError, SamplingParams
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig, packing_available
+from skyrl_trainers.precision import cpu_bf16_feature
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN linear packing")
 
@@ -30,7 +31,7 @@ def layer_forwards_installed(engine: HFEngine) -> int:
 
 
 async def test_packed_decoding_gives_the_plain_models_tokens_and_logprobs(tiny):
-    packed, plain = engine_on(tiny), engine_on(tiny, packed_weights=False)
+    packed, plain = engine_on(tiny, packed_dtype="float32"), engine_on(tiny, packed_weights=False)
     assert packed.packed.enabled and not plain.packed.enabled  # on by default for float32 CPU
     try:
         for prompt in prompts(tiny[1]):
@@ -40,6 +41,24 @@ async def test_packed_decoding_gives_the_plain_models_tokens_and_logprobs(tiny):
         assert packed.packed.weights is not None and plain.packed.weights is None
     finally:
         packed.close()
+        plain.close()
+
+
+@pytest.mark.skipif(not cpu_bf16_feature(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
+async def test_bf16_packing_is_the_default_on_a_bf16_cpu_and_keeps_the_head_in_float32(tiny):
+    bf16, plain = engine_on(tiny), engine_on(tiny, packed_weights=False)
+    try:
+        prompt = prompts(tiny[1], 1)[0]
+        a, b = await bf16.generate(prompt, GREEDY), await plain.generate(prompt, GREEDY)
+        dtypes = [w.dtype for w in bf16.packed.weights]
+        head = bf16.packed.layers.index(bf16.model.get_output_embeddings())
+        assert dtypes[head] == torch.float32 and set(dtypes[:head] + dtypes[head + 1:]) == {torch.bfloat16}
+        # bf16 rounding of the layers' weights and inputs only: the first token's logprob stays close
+        assert a.token_ids[0] == b.token_ids[0]
+        assert abs(a.logprobs[0] - b.logprobs[0]) < 0.05
+        assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # the model itself is unchanged
+    finally:
+        bf16.close()
         plain.close()
 
 
@@ -61,7 +80,7 @@ async def test_the_model_outside_decoding_is_the_plain_trainable_one(tiny):
 
 
 async def test_weights_changed_in_place_are_repacked_before_the_next_batch(tiny):
-    engine = engine_on(tiny)
+    engine = engine_on(tiny, packed_dtype="float32")  # exact packing: greedy tokens equal the plain model's
     try:
         prompt = prompts(tiny[1], 1)[0]
         before = await engine.generate(prompt, GREEDY)

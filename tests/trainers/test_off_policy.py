@@ -15,6 +15,7 @@ from skyrl_trainers.config import FSDPGRPOConfig, OffPolicyCorrection
 from skyrl_trainers.forward import collate, token_logprobs
 from skyrl_trainers.models import build_tiny_random
 from skyrl_trainers.objective import Normalisers, micro_batch_loss
+from skyrl_trainers.precision import resolve_tis
 from skyrl_trainers.trainer import train_metrics
 
 # 2 sequences x 3 tokens; the last token of row 1 is not trained (an observation token) and has a
@@ -166,8 +167,7 @@ def test_tis_none_leaves_the_loss_unchanged():
     model.train()
     batch = with_rollout(model, micro_batch())
     norms = Normalisers(float(batch.mask.sum()), 3.0)
-    cfg = FSDPGRPOConfig(model="tiny-random", loss_reduction="sequence_mean")
-    assert cfg.off_policy.tis == "none"
+    cfg = FSDPGRPOConfig(model="tiny-random", loss_reduction="sequence_mean", off_policy={"tis": "none"})
     model.zero_grad(set_to_none=True)
     loss, metrics = micro_batch_loss(cfg, model, batch, norms)
     loss.backward()
@@ -219,10 +219,15 @@ def test_train_metrics_report_the_correction():
 @pytest.mark.parametrize("mode", ["async", "one_step_off"])
 def test_off_sync_modes_refuse_an_on_policy_loss(mode):
     with pytest.raises(ValidationError, match=r"trainer\.off_policy\.tis"):
-        FSDPGRPOConfig(mode=mode)
+        FSDPGRPOConfig(mode=mode, off_policy={"tis": "none"})
     with pytest.raises(ConfigError, match=rf"trainer\.mode={mode}.*trainer\.off_policy\.tis=none"):
-        build_config({"env": {"id": "reverse_text"}, "trainer": {"id": "fsdp_grpo", "mode": mode}},
+        build_config({"env": {"id": "reverse_text"},
+                      "trainer": {"id": "fsdp_grpo", "mode": mode, "off_policy": {"tis": "none"}}},
                      registry=get_registry())
+    # the default, auto, corrects off sync
+    auto = build_config({"env": {"id": "reverse_text"}, "trainer": {"id": "fsdp_grpo", "mode": mode}},
+                        registry=get_registry())
+    assert resolve_tis(auto) == ("token", f"trainer.mode={mode} samples with an older policy")
     for tis in ("token", "sequence"):
         assert FSDPGRPOConfig(mode=mode, off_policy={"tis": tis}).off_policy.tis == tis
     cfg = build_config({"env": {"id": "reverse_text"},

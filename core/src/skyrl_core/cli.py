@@ -15,6 +15,7 @@ try:  # typer >= 0.20 carries its own copy of click
 except ImportError:  # pragma: no cover - an older typer on click itself
     from click.exceptions import NoSuchOption
 
+from skyrl_core.cli_help import help_format
 from skyrl_core.plugins import get_plugin_manager
 from skyrl_core.registry import KINDS, Kind, Registry, RegistryError
 
@@ -24,17 +25,22 @@ OVERRIDES_HELP = "Dotted config overrides such as trainer.lr=1e-6 env.max_turns=
 def build_app() -> typer.Typer:
     """The CLI, including sub-commands added by plugins through ``register_commands``."""
     app = typer.Typer(help="SkyRL: train LLM agents with RL. Environments, generators, trainers and "
-                      "engines come from plugins.", no_args_is_help=True, add_completion=False)
+                      "engines come from plugins.", no_args_is_help=True, add_completion=False, **help_format())
     app.callback()(_main_options)
-    app.command("plugins")(plugins_command)
-    app.command("envs", help="List installed envs; with --catalog ID, the peer envs a bridge hosts.")(envs_command)
+    app.command("plugins", short_help="Print installed plugins as JSON: versions, hooks, errors, clashes.")(
+        plugins_command)
+    app.command("envs", help="List installed envs; with --catalog ID, the peer envs a bridge hosts.",
+                short_help="List installed envs, or the peer envs a bridge hosts.")(envs_command)
     for kind in KINDS[1:]:
         app.command(f"{kind}s", help=f"List installed {kind}s.")(_listing_command(kind))
-    app.command("check")(check_command)
-    app.command("rollout", cls=OverrideHintCommand)(rollout_command)
-    app.command("eval", cls=OverrideHintCommand)(eval_command)
-    app.command("run", cls=OverrideHintCommand)(run_command)
-    app.command("node-resources")(node_resources_command)
+    app.command("check", short_help="Check an env: conformance, hacking probes or a dataset's gold.")(check_command)
+    app.command("rollout", cls=OverrideHintCommand,
+                short_help="Play episodes without training and write them to JSONL.")(rollout_command)
+    app.command("eval", cls=OverrideHintCommand,
+                short_help="Evaluate a model on an env and keep the results.")(eval_command)
+    app.command("run", cls=OverrideHintCommand, short_help="Train a policy on an env.")(run_command)
+    app.command("node-resources", short_help="Print this machine's Ray resources for env workers.")(
+        node_resources_command)
     from skyrl_core.scaffold import new_app
 
     app.add_typer(new_app(), name="new")
@@ -54,6 +60,7 @@ class OverrideHintCommand(TyperCommand):
             hint = override_hint(exc.option_name, given)
             if hint:
                 exc.message = f"{exc.message.rstrip('.')}. {hint}"
+                exc.possibilities = None  # click's close matches (often just --help) only distract from it
             raise
 
 
@@ -471,6 +478,8 @@ def rollout_command(
                                   n_tasks=n_tasks, samples=samples)
     except (ConfigError, RegistryError, DataError, EngineError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
+    if rollout.note:
+        typer.echo(rollout.note, err=True)
     _refuse_overwrite(out, overwrite)  # after the config and tasks: their errors come first
     batch = play_rollout(rollout)
     batch.to_jsonl(out)
@@ -623,6 +632,8 @@ def eval_command(
     except (ConfigError, RegistryError, DataError, EngineError, NotImplementedError) as exc:
         raise _fail(str(exc)) from None
     rollout = evaluation.rollout
+    if rollout.note:
+        typer.echo(rollout.note, err=True)
     why = f" ({evaluation.split_why})" if evaluation.split_why and evaluation.split_why != "--split" else ""
     typer.echo(f"evaluating {evaluation.model} ({rollout.cfg.engine_id}) on {rollout.cfg.env_id}: {len(rollout.rows)} "
                f"task(s) from {evaluation.source}{why}, {rollout.samples} episode(s) each", err=True)
@@ -722,16 +733,18 @@ def _only_trainer(registry: Registry) -> str:
 def _echo_episode_config(env: str, config_file: Path | None, overrides: list[str] | None,
                          flags: dict[str, dict[str, Any]]) -> None:
     """``skyrl rollout/eval --print-config``: the config their episodes would be played with."""
-    from skyrl_core.config import build_config
     from skyrl_core.factory import ConfigError
     from skyrl_core.held_out import rollout_defaults
+    from skyrl_core.rollouts import episode_config
 
     registry = get_plugin_manager().registry
     try:
         layers = _config_layers(env, config_file, overrides, flags)
-        cfg = build_config(rollout_defaults(layers, registry), *layers, registry=registry, need_trainer=False)
+        cfg, note = episode_config([rollout_defaults(layers, registry), *layers])
     except (ConfigError, RegistryError) as exc:
         raise _fail(str(exc)) from None
+    if note:
+        typer.echo(note, err=True)
     _echo_config(cfg)
 
 

@@ -2,6 +2,11 @@
 
 The two commands resolve the same things from their flags (the config, the task rows, the engine and
 the generator) and play one batch with a progress bar; they differ only in what they do with it.
+
+A hosted model needs no tokenizer: the ``openai`` engine with neither ``engine.mode`` nor
+``engine.tokenizer`` set plays in chat mode (:func:`episode_config`, said in one line). An engine with a
+``preflight()`` coroutine (the ``openai`` engine: ``GET /models``) is checked before any episode, so an
+unreachable server or a refused key stops the command before any table or output file.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class Rollout:
     engine: Any
     generator: Any
     samples: int
+    note: str | None = None
+    """A line for the user about a choice made for them (the openai engine's chat mode), if any."""
 
     @property
     def episodes(self) -> int:
@@ -48,20 +55,52 @@ def prepare_rollout(layers: Sequence[Mapping[str, Any]], *, split: str, tasks: P
     message for the user.
     """
     pm = get_plugin_manager()
-    cfg = build_config(*layers, registry=pm.registry, need_trainer=False)
+    cfg, note = episode_config(layers)
     connect_for_run(cfg)  # Ray before the engine: one instance for env workers and engines (shut down at exit)
     cls = env_class(cfg.env_id, pm.registry)
     rows = load_tasks(cls, cfg.env, split=split, path=str(tasks) if tasks else None, limit=n_tasks or None)
     engine = pm.registry.make("engine", cfg.engine_id, cfg.engine)
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
-        raise ConfigError(f"engine {cfg.engine_id!r} has no tokenizer; set engine.tokenizer=NAME_OR_PATH")
+        chat = " (the served model's), or engine.mode=chat for chat completions without one" \
+            if _is_openai(cfg.engine) else ""
+        raise ConfigError(f"engine {cfg.engine_id!r} has no tokenizer; set engine.tokenizer=NAME_OR_PATH{chat}")
+    preflight = getattr(engine, "preflight", None)
+    if callable(preflight):  # before any episode: an unreachable server stops here, naming its URL
+        asyncio.run(preflight())
     if samples is None:  # a flag's default never overrides the config file or an override
         configured = "n_samples_per_prompt" in cfg.generator.model_fields_set
         samples = cfg.generator.n_samples_per_prompt if configured else 1
     generator = pm.registry.make("generator", cfg.generator_id, cfg.generator, engine=engine, tokenizer=tokenizer,
                                  env_id=cfg.env_id, env_config=cfg.env)
-    return Rollout(cfg, cls, rows, engine, generator, samples)
+    return Rollout(cfg, cls, rows, engine, generator, samples, note)
+
+
+CHAT_MODE_NOTE = ("engine: openai in chat mode (messages to /chat/completions, no tokenizer needed; trajectories "
+                  "are for evaluation, not training). Set engine.tokenizer=NAME for token-exact /completions.")
+
+
+def episode_config(layers: Sequence[Mapping[str, Any]]) -> tuple[ResolvedConfig, str | None]:
+    """The config of episodes without training (``layers`` merged, later wins) and a note when a choice was
+    made for the user.
+
+    The ``openai`` engine with neither ``engine.mode`` nor ``engine.tokenizer`` set is put in chat mode: its
+    default completions mode needs the served model's tokenizer, which a hosted model's name does not
+    give. The note says so.
+    """
+    registry = get_plugin_manager().registry
+    cfg = build_config(*layers, registry=registry, need_trainer=False)
+    engine = cfg.engine
+    if not _is_openai(engine) or engine.tokenizer or "mode" in engine.model_fields_set:  # type: ignore[union-attr]
+        return cfg, None
+    chat = build_config(*layers, {"engine": {"mode": "chat"}}, registry=registry, need_trainer=False)
+    return chat, CHAT_MODE_NOTE
+
+
+def _is_openai(engine_config: Any) -> bool:
+    from skyrl_core.engines.openai import OpenAIEngineConfig
+
+    return isinstance(engine_config, OpenAIEngineConfig)
 
 
 def play_rollout(rollout: Rollout, *, stderr: bool = False) -> TrajectoryBatch:

@@ -21,7 +21,7 @@ class SamplerEngine(str, Enum):
 
 SAMPLER_ENGINE_OPTION = typer.Option(
     SamplerEngine.hf, "--sampler-engine", help="hf: transformers on --device; vllm: vLLM on the first visible GPU "
-    "(pip install 'skyrl-trainers\\[vllm]', Linux with CUDA).")
+    "(pip install 'skyrl-trainers[vllm]', Linux with CUDA).")
 
 
 def serve(
@@ -125,7 +125,10 @@ def _fail(message: str) -> NoReturn:
 
 
 def build_app() -> typer.Typer:
-    app = typer.Typer(help="A Tinker API server on skyrl-trainers.", no_args_is_help=True, add_completion=False)
+    from skyrl_core.cli_help import help_format
+
+    app = typer.Typer(help="A Tinker API server on skyrl-trainers.", no_args_is_help=True, add_completion=False,
+                      **help_format())
     app.callback()(_group)  # keeps ``serve`` a sub-command (typer collapses a one-command app)
     app.command("serve")(serve)
     return app

@@ -20,6 +20,8 @@ class OffPolicyCorrection(BaseModel):
     sampled token t), each token's policy loss is multiplied by a constant (no gradient) weight:
     ``token``: ``min(rho_t, token_cap)``; ``sequence``: ``min(exp(sum_t mask_t log rho_t), sequence_cap)``,
     the same for every token of the sequence. ``none`` treats rollout samples as the old policy's own.
+    ``auto`` (the default) is ``token`` wherever the sampler's numbers differ from the trainer's (bf16
+    sampling, vLLM, an older policy off sync: :func:`skyrl_trainers.precision.sampling_mismatch`), else ``none``.
     Sums run over trained tokens (``mask_t = 1``) only; log-ratios are clamped to [-20, 20]; a token the
     engine gave no log-prob for (recorded as 0.0) gets ``rho_t = 1``. Implemented by
     :func:`skyrl_trainers.algorithms.off_policy.tis_weights`; reported as ``train/is_ratio_mean``,
@@ -29,7 +31,9 @@ class OffPolicyCorrection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tis: Literal["none", "token", "sequence"] = Field("none", description="Truncated importance sampling level.")
+    tis: Literal["auto", "none", "token", "sequence"] = Field(
+        "auto", description="Truncated importance sampling level; auto: token where the sampler's logprobs come "
+        "from other numerics than the trainer's (bf16 sampling, vLLM, trainer.mode off sync), else none.")
     token_cap: float = Field(2.0, gt=0, description="Cap of the per-token weight (tis=token).")
     sequence_cap: float = Field(5.0, gt=0, description="Cap of the per-sequence weight (tis=sequence).")
 
@@ -69,7 +73,8 @@ class FSDPGRPOConfig(BaseModel):
     model: str = Field("smollm2-135m", description="Policy: 'tiny-random', 'smollm2-135m', a hub id or a local folder.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="Mixed precision of forward/backward; auto: bf16 on cuda, fp32 on cpu.")
+        "auto", description="Mixed precision of forward/backward (fp32 master weights); auto: bf16 on cuda and on a "
+        "CPU with native bf16 (AVX512-BF16 or AMX), else fp32. The hf engine samples in the same precision.")
     strategy: Literal["fsdp"] = Field("fsdp", description="Sharding strategy ('fsdp2' is a deprecated alias).")
     world_size: int = Field(1, ge=1, description="Trainer ranks; 1 runs in-process, more as worker processes.")
     backend: Literal["local", "ray"] = Field("local", description="local processes, or Ray actors in a placement group.")

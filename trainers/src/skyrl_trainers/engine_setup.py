@@ -24,9 +24,10 @@ from skyrl_core.plugins import get_registry
 
 def engine_config_for_policy(config: ResolvedConfig, seed: int | None = None) -> Any:
     """The engine section with ``model`` set to ``trainer.model`` (an explicit mismatch is an error) and,
-    unless the user chose them, its sampling ``seed`` set to ``seed`` and, off ``trainer.mode=sync``,
-    ``in_flight_updates`` set to ``keep`` (an update then lands between decode steps instead of waiting
-    for the longest episode in flight, which would stall generation at every step)."""
+    unless the user chose them, its sampling ``seed`` set to ``seed``, its ``packed_dtype`` following an
+    explicit ``trainer.precision`` and, off ``trainer.mode=sync``, ``in_flight_updates`` set to ``keep`` (an
+    update then lands between decode steps instead of waiting for the longest episode in flight, which
+    would stall generation at every step)."""
     engine_cfg, policy = config.engine, config.trainer.model
     if engine_cfg is None:
         return engine_cfg
@@ -41,6 +42,9 @@ def engine_config_for_policy(config: ResolvedConfig, seed: int | None = None) ->
         update["seed"] = seed
     if "in_flight_updates" in fields and "in_flight_updates" not in chosen and config.trainer.mode != "sync":
         update["in_flight_updates"] = "keep"
+    precision = getattr(config.trainer, "precision", "auto")
+    if "packed_dtype" in fields and "packed_dtype" not in chosen and precision != "auto":
+        update["packed_dtype"] = "bfloat16" if precision == "bf16" else "float32"  # sample as the trainer trains
     return engine_cfg.model_copy(update=update)
 
 

@@ -1,5 +1,5 @@
-"""Rich progress bars for training: steps (with the current phase), episodes of the current rollout,
-and one line per finished step.
+"""Rich progress bars for training: steps (with the current phase), episodes of the current rollout
+(shown only while episodes are played), and one line per finished step.
 """
 
 from __future__ import annotations
@@ -39,10 +39,20 @@ class TrainingProgress:
             get_plugin_manager().register(self)
         return self
 
+    @property
+    def enabled(self) -> bool:
+        return self.progress is not None
+
     def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
             get_plugin_manager().unregister(self)
+            self._hide_episodes()  # what stays on screen is the steps bar alone
+            if next(task for task in self.progress.tasks if task.id == self.steps).finished:
+                self.progress.update(self.steps, description="done")
             self.progress.stop()
+
+    def _hide_episodes(self) -> None:
+        self.progress.update(self.episodes, visible=False)
 
     @hookimpl
     def on_rollout_end(self, trajectory: Any) -> None:
@@ -56,16 +66,19 @@ class TrainingProgress:
             self.phase(step, "generate")
 
     def evaluating(self, step: int, episodes: int) -> None:
-        """The held-out evaluation of the weights after ``step`` (0: before training) starts."""
+        """The held-out evaluation of the weights after ``step`` (0: before training) starts; the bar says
+        so, since on a slow machine the one before the first step can take a while."""
         if self.progress is not None:
-            self.rollouts(step, episodes)
-            self.phase(step, "eval")
+            self.progress.reset(self.episodes, total=episodes, visible=True)
+            what = "evaluating before the first step" if step == 0 else f"step {step}: evaluating"
+            self.progress.update(self.steps, description=f"{what} ({episodes} task(s))")
 
     def evaluated(self, step: int, metrics: dict[str, float], about: str) -> None:
         """One line for a finished evaluation, ``eval after step 3  reward 0.25  pass rate 0.125  (...)``,
         printed under its step's line (which comes once the step is logged)."""
         if self.progress is None:
             return
+        self._hide_episodes()
         when = "before training" if step == 0 else f"after step {step}"
         self.pending = (f"eval {when}  reward {metrics.get('eval/reward_mean', 0.0):.4g}  "
                         f"pass rate {metrics.get('eval/pass_rate', 0.0):.4g}  ({about})")
@@ -74,14 +87,20 @@ class TrainingProgress:
             self.pending = None
 
     def phase(self, step: int, name: str) -> None:
+        """``step`` enters phase ``name``; the episodes bar shows only while generating."""
         if self.progress is not None:
+            if name != "generate":
+                self._hide_episodes()
             self.progress.update(self.steps, description=f"step {step}: {name}")
 
-    def step_done(self, step: int, metrics: dict[str, float]) -> None:
+    def step_done(self, step: int, metrics: dict[str, float], note: str | None = None) -> None:
+        """The step's line, then ``note`` (e.g. why it had no learning signal) and a pending evaluation's."""
         if self.progress is None:
             return
         shown = "  ".join(f"{label} {metrics[key]:.4g}" for key, label in self.SHOWN if key in metrics)
         self.progress.console.print(f"step {step}  {shown}")
+        if note:
+            self.progress.console.print(note, markup=False, highlight=False, soft_wrap=True)
         if self.pending is not None:
             self.progress.console.print(self.pending)
             self.pending = None

@@ -7,6 +7,8 @@ variance and advantage 0 for every sample: it adds nothing to the loss or the gr
 loss and grad norm of 0 that look like convergence. :class:`NoSignalMonitor` counts those groups each
 step (``train/zero_variance_groups``, a share), the current streak of no-signal steps
 (``train/no_signal_steps``), and logs one warning per streak naming the cause and the usual fixes.
+The first such step of a run also gets one line at once (:meth:`NoSignalMonitor.first_note`), so a
+smoke run's ``loss 0 grad 0`` is explained at step 1 rather than after ``patience`` steps.
 REINFORCE++ has no group baseline (it whitens over the batch), so for it the batch is the one group.
 """
 
@@ -37,8 +39,8 @@ class NoSignalMonitor:
     """Per-step no-signal metrics and one warning per streak of ``patience`` steps at ``share`` or more.
 
     ``hints`` are the run's current settings shown in the warning (``n_samples_per_prompt``,
-    ``temperature``, ``data_split``) and ``reward_range`` the env's, to say whether nothing or everything
-    was solved.
+    ``temperature``, ``data_split``; ``model`` for :meth:`first_note`) and ``reward_range`` the env's, to
+    say whether nothing or everything was solved.
     """
 
     def __init__(self, *, share: float = 0.9, patience: int = 3, reward_range: tuple[float, float] = (0.0, 1.0),
@@ -49,6 +51,7 @@ class NoSignalMonitor:
         self.streak = 0
         self.first_step = 0
         self.rewards: list[float] = []
+        self.noted = False  # the run's first no-signal step was explained (first_note)
 
     def update(self, step: int, share: float, groups: Mapping[str, Sequence[float]]) -> dict[str, float]:
         """Record ``step`` (its zero-variance ``share`` and its groups' scores); the metrics to log for it."""
@@ -63,23 +66,40 @@ class NoSignalMonitor:
             self.streak = 0
         return {"train/zero_variance_groups": share, "train/no_signal_steps": float(self.streak)}
 
-    def message(self, step: int, share: float) -> str:
-        """The warning for a streak that reached ``patience`` at ``step``: cause, evidence and fixes."""
-        steps = f"step {step}" if step == self.first_step else f"steps {self.first_step}-{step}"
+    def first_note(self, step: int) -> str | None:
+        """One line explaining the run's first step without learning signal, at that step (``None`` for any
+        other step, and where ``patience`` is 1: the full warning comes at once then)."""
+        if self.noted or self.streak != 1 or self.first_step != step or self.patience <= 1:
+            return None
+        self.noted = True
+        cause, _ = self._cause()
+        model = self.hints.get("model")
+        expected = ("expected with tiny-random, a random model that solves nothing" if model == "tiny-random"
+                    else "common early on with a small model or hard tasks")
+        return (f"step {step} had no learning signal: all samples of each task got the same reward; {cause}. So "
+                f"every advantage is 0 and loss and grad norm are 0 (the weights do not change); {expected}. A "
+                f"warning with fixes follows if this lasts {self.patience} steps in a row (trainer.no_signal_patience).")
+
+    def _cause(self) -> tuple[str, str]:
+        """(why the current streak's groups have zero variance, the data fix) from its rewards."""
         low, high = self.reward_range
         lowest, highest = min(self.rewards), max(self.rewards)
         if highest <= low + 1e-9:
-            cause = f"no sample solved its task (every reward was {low:g}, the bottom of the reward range)"
-            data = "an easier split or task file (trainer.data_split, trainer.train_files)"
-        elif lowest >= high - 1e-9:
-            cause = f"every sample solved its task (every reward was {high:g}, the top of the reward range)"
-            data = "a harder split or task file (trainer.data_split, trainer.train_files)"
-        elif highest - lowest <= 1e-9:
-            cause = f"every sample got the same reward, {lowest:g}: the reward does not depend on the reply"
-            data = "a reward that tells replies apart (check the env's reward)"
-        else:
-            cause = "inside each such group every sample got the same reward, though the groups differ from each other"
-            data = "an easier split for the groups that never succeed (trainer.data_split, trainer.train_files)"
+            return (f"no sample solved its task (every reward was {low:g}, the bottom of the reward range)",
+                    "an easier split or task file (trainer.data_split, trainer.train_files)")
+        if lowest >= high - 1e-9:
+            return (f"every sample solved its task (every reward was {high:g}, the top of the reward range)",
+                    "a harder split or task file (trainer.data_split, trainer.train_files)")
+        if highest - lowest <= 1e-9:
+            return (f"every sample got the same reward, {lowest:g}: the reward does not depend on the reply",
+                    "a reward that tells replies apart (check the env's reward)")
+        return ("inside each such group every sample got the same reward, though the groups differ from each other",
+                "an easier split for the groups that never succeed (trainer.data_split, trainer.train_files)")
+
+    def message(self, step: int, share: float) -> str:
+        """The warning for a streak that reached ``patience`` at ``step``: cause, evidence and fixes."""
+        steps = f"step {step}" if step == self.first_step else f"steps {self.first_step}-{step}"
+        cause, data = self._cause()
         samples = self.hints.get("n_samples_per_prompt")
         temperature = self.hints.get("temperature")
         fixes = [

@@ -43,10 +43,11 @@ from skyrl_trainers.engine_setup import (
 from skyrl_trainers.evaluation import HeldOutEval
 from skyrl_trainers.memory import use_one_malloc_arena
 from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
+from skyrl_trainers.precision import decide_numerics
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
-from skyrl_trainers.run_summary import summarize
+from skyrl_trainers.run_summary import RunClock, summarize
 from skyrl_trainers.seeding import accepts_seed
 from skyrl_trainers.signal import NoSignalMonitor, zero_variance_share
 from skyrl_trainers.worker import WorkerSpec, accumulate
@@ -67,12 +68,16 @@ class FSDPGRPOTrainer:
         resume = config.run.resume
         self.run_folder = RunFolder(resume if resume else config.default_output_dir())
         self.training_started = False  # set once the step loop begins (fit removes a folder it made before)
+        self.clock = RunClock()  # restarted by fit
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
         cfg, run = self.cfg, self.config.run
+        self.clock = RunClock()
         check_mode(self.config, engine_class(self.config))  # before anything is written or loaded
         check_engine_placement(self.config)
+        self.cfg, numerics = decide_numerics(self.config)
+        cfg = self.cfg
         use_one_malloc_arena()  # before the engine's thread exists (see skyrl_trainers.memory)
         random.seed(run.seed)
         torch.manual_seed(run.seed)
@@ -86,6 +91,7 @@ class FSDPGRPOTrainer:
         fresh, previous_config = not self.run_folder.path.exists(), self.run_folder.saved_config()
         self.run_folder.create(self.config.to_dict(), resuming=resumed is not None)
         print(f"run folder: {self.run_folder.path}", flush=True)
+        print("\n".join(numerics), flush=True)
         self.training_started = False
         try:
             return self._train(start, resumed, resume_from, stream, held_out)
@@ -131,12 +137,14 @@ class FSDPGRPOTrainer:
                                    wandb_mode=run.wandb_mode, config=self.config.to_dict())
             step_loop = _StepLoop(self, workers, engine, generator, stream, loop, logger, weight_sync, held_out)
             self.training_started = True
+            self.clock.setup_done()
             with TrainingProgress(total=cfg.steps, done=start, enabled=run.console) as progress:
                 summary = step_loop.run(start, progress)
             if cfg.export:
-                workers.call("export", str(self.run_folder.export))
+                with self.clock.measure("export"):
+                    workers.call("export", str(self.run_folder.export))
             print(f"run finished; its folder: {self.run_folder.path}", flush=True)
-            return summary
+            return {"steps": summary.pop("steps"), **self.clock.summary(), **summary}
         finally:
             if logger is not None:
                 logger.close()
@@ -174,7 +182,7 @@ class _StepLoop:
             share=self.cfg.no_signal_share, patience=self.cfg.no_signal_patience,
             reward_range=env_class(trainer.config.env_id).reward_range_for(trainer.config.env),
             hints={"n_samples_per_prompt": getattr(generator_cfg, "n_samples_per_prompt", None),
-                   "temperature": getattr(generator_cfg, "temperature", None)})
+                   "temperature": getattr(generator_cfg, "temperature", None), "model": self.cfg.model})
         self.groups: dict[int, dict[str, list[float]]] = {}  # step -> its groups' scores, until end_step
         self.seeded = accepts_seed(generator)
         if not self.seeded:
@@ -205,7 +213,8 @@ class _StepLoop:
         if not self.held_out.due(step):
             return {}
         progress.evaluating(step, len(self.held_out.tasks))
-        metrics = await self.held_out.run(step)
+        with self.trainer.clock.measure("evaluation"):
+            metrics = await self.held_out.run(step)
         progress.evaluated(step, metrics, self.held_out.about)
         return metrics
 
@@ -215,9 +224,13 @@ class _StepLoop:
         groups = self.groups.pop(step, {})
         metrics.update(engine_metrics(self.engine))  # e.g. requests per engine replica
         metrics.update(self.no_signal.update(step, metrics.get("train/zero_variance_groups", 0.0), groups))
+        self.trainer.clock.add_step(metrics)
         self.logger.log(step, metrics)
         get_plugin_manager().hook.on_train_step_end(step=step, metrics=metrics)  # observers are guarded
-        progress.step_done(step, metrics)
+        note = self.no_signal.first_note(step)  # why a first step shows loss 0 and grad 0
+        progress.step_done(step, metrics, note=note)
+        if note and not progress.enabled:
+            log.warning(note)
         due = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps
         if due:
             progress.phase(step, "checkpoint")
@@ -313,13 +326,14 @@ class _StepLoop:
 
     def checkpoint(self, step: int, overlap_state: dict[str, Any] | None = None) -> None:
         """Weights, optimizer, data position and RNG; off sync also ``overlap_state`` (key ``async``)."""
-        folder = self.run_folder.new_checkpoint(step)
-        self.workers.call("save_checkpoint", str(folder))
-        state = {"step": step, "data": self.stream.state_dict(), "rng": rng_state()}
-        if overlap_state is not None:
-            state["async"] = overlap_state
-        torch.save(state, folder / "trainer_state.pt")
-        self.run_folder.commit_checkpoint(step)
+        with self.trainer.clock.measure("checkpoint"):
+            folder = self.run_folder.new_checkpoint(step)
+            self.workers.call("save_checkpoint", str(folder))
+            state = {"step": step, "data": self.stream.state_dict(), "rng": rng_state()}
+            if overlap_state is not None:
+                state["async"] = overlap_state
+            torch.save(state, folder / "trainer_state.pt")
+            self.run_folder.commit_checkpoint(step)
 
 
 class _WeightSync:

@@ -27,6 +27,7 @@ from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import PACKABLE_ATTENTION, MicroBatch, collate, token_logprobs
 from skyrl_trainers.lora import MergedView, WithoutAdapters, apply_lora, is_lora, merged_state_dict
 from skyrl_trainers.objective import Normalisers, micro_batch_loss
+from skyrl_trainers.precision import resolve_precision
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import LORA_ADAPTER_FOLDER
 
@@ -80,7 +81,7 @@ class TrainWorker:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # shared-prompt rows need an attention that takes a custom mask (see skyrl_trainers.forward)
         self.pack = getattr(model.config, "_attn_implementation", None) in PACKABLE_ATTENTION
-        self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and kind == "cuda")
+        self.bf16 = resolve_precision(cfg.precision, kind).bf16
         if cfg.gradient_checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()

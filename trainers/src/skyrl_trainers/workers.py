@@ -9,6 +9,7 @@ blocked in a collective.
 from __future__ import annotations
 
 import socket
+import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from skyrl_core import ray_cluster
 from skyrl_core.factory import ConfigError
+from skyrl_core.notice import quiet_progress_bars
 
 from skyrl_trainers.worker import TrainWorker, WorkerSpec, resolve_device, worker_threads
 
@@ -38,7 +40,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SAVING = ("export", "save_checkpoint")
+"""Worker methods that write Hugging Face folders: they run without progress bars (transformers' ``Writing
+model shards`` bar came on every run)."""
+
+
 def _invoke(worker: TrainWorker, method: str, args: tuple[Any, ...]) -> Any:
+    if method in SAVING:
+        with quiet_progress_bars():
+            return getattr(worker, method)(*args)
     return getattr(worker, method)(*args)
 
 
@@ -52,7 +62,11 @@ class LocalWorkerGroup:
     world_size = 1
 
     def __init__(self, spec: WorkerSpec) -> None:
-        self.worker = TrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+        hook = sys.excepthook
+        try:
+            self.worker = TrainWorker(0, 1, "127.0.0.1", free_port(), spec)
+        finally:  # torch's init_process_group makes every later traceback line start with "[rank0]: "
+            sys.excepthook = hook
 
     def call(self, method: str, *args: Any, per_rank: Sequence[Any] | None = None) -> list[Any]:
         return [_invoke(self.worker, method, _args(args, per_rank, 0))]

@@ -40,6 +40,7 @@ def view_command(
 ) -> None:
     """Show runs in the browser: metrics charts (live), sample trajectories with tokens, RLM trees; and the
     results folders of `skyrl eval`: their summary and per-task tables, and their samples like a run's."""
+    _check_folders(run_dirs)
     runs = [Run(path, max_line_bytes=max_line_mb << 20) for path in run_dirs]
     if export is not None:
         from skyrl_viewer.export import export_html
@@ -65,3 +66,15 @@ def view_command(
         pass
     finally:
         server.server_close()
+
+
+def _check_folders(run_dirs: list[Path]) -> None:
+    """Stop with an error naming each of ``run_dirs`` that is not a folder (a typo would otherwise serve a
+    page with nothing on it while the console looks fine)."""
+    problems = [f"{path} does not exist" if not path.exists() else f"{path} is not a folder"
+                for path in run_dirs if not path.is_dir()]
+    if problems:
+        for problem in problems:
+            typer.echo(f"error: {problem}; skyrl view takes run folders (skyrl run) or results folders "
+                       "(skyrl eval)", err=True)
+        raise typer.Exit(2)

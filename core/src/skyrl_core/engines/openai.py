@@ -20,6 +20,9 @@ Two modes (``engine.mode``):
 ``chat`` (the method) uses ``/chat/completions`` in either mode and is meant for frozen sub-models,
 LLM judges and evaluation.
 
+``preflight()`` checks the server before any episode (``skyrl eval`` and ``skyrl rollout`` call it):
+one ``GET /models`` without retries, so an unreachable server or a refused key is one error naming the URL.
+
 Weights of a remote server cannot be pushed from here, so ``update_weights`` raises
 :class:`WeightSyncUnsupportedError` instead of silently leaving a trainer's policy stale.
 
@@ -51,6 +54,8 @@ MAX_SERVER_MESSAGE_CHARS = 500
 STOP_REASONS: dict[str, StopReason] = {"stop": "stop", "length": "length"}
 # Fields a request cannot do without; a server that names one of these as unexpected is not retried.
 REQUIRED_FIELDS = frozenset({"model", "prompt", "messages"})
+# The longest wait of the server check before episodes (an unreachable host should not take minutes).
+PREFLIGHT_TIMEOUT_S = 30.0
 # How a server that takes only text prompts answers a prompt of token ids ("prompt must be a string").
 PROMPT_MUST_BE_TEXT = re.compile(r"\bprompt\b.*\b(?:str|string|text)\b", re.IGNORECASE | re.DOTALL)
 
@@ -63,7 +68,8 @@ class OpenAIEngineConfig(BaseModel):
     mode: Literal["completions", "chat"] = Field(
         "completions", description="completions: token ids in and out via /completions (trainable rollouts); "
                                    "chat: messages in, text out via /chat/completions, no tokenizer needed "
-                                   "(evaluation only: trajectories are marked not trainable).")
+                                   "(evaluation only: trajectories are marked not trainable). skyrl eval and skyrl rollout "
+                                   "use chat when neither mode nor tokenizer is set.")
     base_url: str = Field("http://127.0.0.1:8000/v1",
                           description="Server root including the API version, e.g. what `vllm serve` prints.")
     model: str | None = Field(None, description="Served model name; None uses the first model listed at /models.")
@@ -182,7 +188,8 @@ class OpenAIEngine:
             try:
                 self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
             except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, ...
-                raise EngineError(f"cannot load engine.tokenizer {self.config.tokenizer!r}: {exc}") from exc
+                raise EngineError(f"cannot load engine.tokenizer {self.config.tokenizer!r}: {exc}. Without a "
+                                  "tokenizer, use engine.mode=chat (chat completions, for evaluation)") from exc
         return self._tokenizer
 
     async def model_name(self) -> str:
@@ -195,6 +202,26 @@ class OpenAIEngine:
                 raise OpenAIEngineError(f"{self._url('/models')} lists no models; set engine.model",
                                         url=self._url("/models")) from None
         return self._model
+
+    async def preflight(self) -> None:
+        """Check, before any episode, that the server answers at ``engine.base_url`` and takes the API key:
+        one ``GET /models`` without retries, waiting at most :data:`PREFLIGHT_TIMEOUT_S` seconds.
+
+        Raises :class:`OpenAIEngineError` naming the URL when the server cannot be reached (connection
+        refused, unknown host, timeout) or refuses the request. The connection is closed afterwards, so
+        the engine may then be used on another event loop.
+        """
+        try:
+            payload = await self._request("GET", "/models", attempts=1,
+                                          timeout_s=min(self.config.timeout_s, PREFLIGHT_TIMEOUT_S))
+        finally:
+            await self.aclose()
+        if self._model is None:
+            try:
+                self._model = str(payload["data"][0]["id"])
+            except (KeyError, IndexError, TypeError):
+                raise OpenAIEngineError(f"{self._url('/models')} lists no models; set engine.model",
+                                        url=self._url("/models")) from None
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         """Continue ``prompt_ids``; at most ``params.max_tokens`` ids come back.
@@ -324,21 +351,25 @@ class OpenAIEngine:
             self._loop = loop
         return self._client, self._semaphore
 
-    async def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        """Send one request with retries; return the decoded JSON body or raise an OpenAIEngineError."""
+    async def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
+                       attempts: int | None = None, timeout_s: float | None = None) -> Any:
+        """Send one request with retries (``attempts`` in all, default ``max_retries + 1``); return the
+        decoded JSON body or raise an OpenAIEngineError."""
         import httpx
 
         client, semaphore = self._session()
         url = self._url(path)
-        attempts = self.config.max_retries + 1
+        attempts = self.config.max_retries + 1 if attempts is None else attempts
+        timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
         async with semaphore:  # held through backoff sleeps, so a struggling server sees fewer requests
             for attempt in range(attempts):
                 retry_after = None
                 try:
-                    response = await client.request(method, url, json=body)
+                    response = await client.request(method, url, json=body, timeout=timeout)
                 except httpx.TimeoutException as exc:
+                    waited = self.config.timeout_s if timeout_s is None else timeout_s
                     failure: OpenAIEngineError = OpenAITimeoutError(
-                        f"{method} {url} timed out after {self.config.timeout_s:g} s (engine.timeout_s)", url=url)
+                        f"{method} {url} timed out after {waited:g} s (engine.timeout_s)", url=url)
                     failure.__cause__ = exc
                 except httpx.TransportError as exc:
                     failure = OpenAIEngineError(
