@@ -10,6 +10,7 @@ from skyrl_core.factory import ConfigError
 from skyrl_core.trajectory import TrajectoryBatch
 from skyrl_trainers.data import TaskStream
 from skyrl_trainers.models import build_tiny_random
+from skyrl_trainers.precision import resolve_precision
 from skyrl_trainers.trainer import FSDPGRPOTrainer, summarize
 from trainer_support import read_metrics
 
@@ -29,7 +30,8 @@ class StepRecorder:
 
 def train_resume_export(run_config, register_skyrl_plugin, capsys, **trainer_options):
     recorder = register_skyrl_plugin(StepRecorder(), name="recorder")
-    trainer = {"checkpoint_every": 1, "kl_coef": 0.01, **trainer_options}
+    # fp32: the logprob gap then measures the weight sync alone (bf16 rounds both sides: test_precision.py)
+    trainer = {"checkpoint_every": 1, "kl_coef": 0.01, "precision": "fp32", **trainer_options}
     cfg = run_config(trainer={**trainer, "steps": 2}, run={"console": True})
     run_dir = Path(cfg.run.output_dir)
     summary = FSDPGRPOTrainer(cfg).fit()
@@ -135,7 +137,9 @@ def test_grpo_learns_to_write_the_target_letter(run_config, extra_envs):
     # the weights changed on most steps (not when a whole group scores the same) and the engine always
     # sampled with the trainer's current weights
     assert sum(r["train/grad_norm"] > 0 for r in records) >= len(records) // 2
-    assert all(r["train/logprob_gap_mean"] < 1e-3 for r in records), [r["train/logprob_gap_mean"] for r in records]
+    # (to float rounding in fp32; bf16, this CPU's default where it has the instructions, rounds both sides)
+    limit = 0.05 if resolve_precision("auto", "cpu").bf16 else 1e-3
+    assert all(r["train/logprob_gap_mean"] < limit for r in records), [r["train/logprob_gap_mean"] for r in records]
     initial, _ = build_tiny_random()
     exported = load_file(Path(cfg.run.output_dir) / "export" / "model.safetensors")
     assert not torch.equal(exported["model.layers.0.mlp.up_proj.weight"],

@@ -57,3 +57,30 @@ def test_the_engine_samples_in_the_trainers_precision(run_config, trainer_precis
 def test_the_users_own_engine_choice_wins(run_config):
     config = run_config(trainer={"precision": "bf16"}, engine={"id": "hf", "packed_dtype": "float32"})
     assert engine_config_for_policy(config).packed_dtype == "float32"
+
+
+def one_step(run_config, capsys) -> tuple[str, dict[str, float]]:
+    from skyrl_trainers.trainer import FSDPGRPOTrainer
+    from trainer_support import read_metrics
+
+    cfg = run_config(trainer={"steps": 1, "export": False})
+    FSDPGRPOTrainer(cfg).fit()
+    return capsys.readouterr().out, read_metrics(cfg.run.output_dir)[0]
+
+
+@pytest.mark.skipif(not cpu_bf16_feature(), reason="this CPU has no native bf16 (AVX512-BF16 or AMX)")
+def test_a_default_run_on_a_bf16_cpu_trains_and_samples_in_bf16_with_tis(run_config, capsys):
+    out, metrics = one_step(run_config, capsys)
+    assert f"precision: bf16 mixed, fp32 master weights (auto: this CPU has {cpu_bf16_feature()}" in out
+    assert "token-level TIS corrects them, because the trainer computes in bf16" in out
+    # both sides round to bf16, so the rollout's logprobs are near but not equal to the trainer's, and TIS ran
+    assert 1e-4 < metrics["train/logprob_gap_mean"] < 0.05
+    assert metrics["train/is_ratio_mean"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_default_run_without_bf16_stays_fp32_and_exact(run_config, capsys, monkeypatch):
+    monkeypatch.setattr(precision, "cpu_bf16_feature", lambda: None)
+    out, metrics = one_step(run_config, capsys)
+    assert "precision: fp32 (auto: this CPU has no native bf16" in out and "TIS" not in out
+    assert metrics["train/logprob_gap_mean"] < 1e-3  # the engine shares the trainer's fp32 weights
+    assert "train/is_ratio_mean" not in metrics  # tis auto resolved to none
