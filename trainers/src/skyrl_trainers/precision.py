@@ -1,10 +1,9 @@
 """Which precision a run computes in: bf16 where the hardware runs it natively, fp32 elsewhere.
 
 On CUDA bf16 is the norm. On a CPU it pays only where the cores have bf16 instructions (AVX512-BF16
-or AMX on Xeons since Cooper Lake / Sapphire Rapids): there a GRPO step of SmolLM2-135M trains about
-1.6x faster under bf16 autocast and prefills about 1.7x faster with bf16 linear weights
-(``bench/trainers_bench.py``). Without them oneDNN emulates bf16 and is slower than fp32, so ``auto``
-keeps fp32 there.
+or AMX on Xeons since Cooper Lake / Sapphire Rapids), which run a bf16 matmul at about twice the fp32
+rate: there a GRPO step of SmolLM2-135M takes 0.87 of its fp32 time (``bench/vs_trl.py``). Without
+them oneDNN emulates bf16 and is slower than fp32, so ``auto`` keeps fp32 there.
 """
 
 from __future__ import annotations
