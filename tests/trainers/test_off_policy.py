@@ -14,8 +14,8 @@ from skyrl_trainers.batching import TrainSample
 from skyrl_trainers.config import FSDPGRPOConfig, OffPolicyCorrection
 from skyrl_trainers.forward import collate, token_logprobs
 from skyrl_trainers.models import build_tiny_random
+from skyrl_trainers.numerics import resolve_tis
 from skyrl_trainers.objective import Normalisers, micro_batch_loss
-from skyrl_trainers.precision import resolve_tis
 from skyrl_trainers.trainer import train_metrics
 
 # 2 sequences x 3 tokens; the last token of row 1 is not trained (an observation token) and has a

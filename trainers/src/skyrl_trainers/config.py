@@ -21,7 +21,7 @@ class OffPolicyCorrection(BaseModel):
     ``token``: ``min(rho_t, token_cap)``; ``sequence``: ``min(exp(sum_t mask_t log rho_t), sequence_cap)``,
     the same for every token of the sequence. ``none`` treats rollout samples as the old policy's own.
     ``auto`` (the default) is ``token`` wherever the sampler's numbers differ from the trainer's (bf16
-    sampling, vLLM, an older policy off sync: :func:`skyrl_trainers.precision.sampling_mismatch`), else ``none``.
+    sampling, vLLM, an older policy off sync: :func:`skyrl_trainers.numerics.sampling_mismatch`), else ``none``.
     Sums run over trained tokens (``mask_t = 1``) only; log-ratios are clamped to [-20, 20]; a token the
     engine gave no log-prob for (recorded as 0.0) gets ``rho_t = 1``. Implemented by
     :func:`skyrl_trainers.algorithms.off_policy.tis_weights`; reported as ``train/is_ratio_mean``,

@@ -43,7 +43,7 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
     policy = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, batch.advantages, mask, **options)
     per_token = policy.loss
     tis_metrics: dict[str, float] = {}
-    # ``auto`` is decided by the trainer before its ranks are built (precision.decide_numerics); a worker
+    # ``auto`` is decided by the trainer before its ranks are built (numerics.decide_numerics); a worker
     # driven directly, which cannot know the sampler, treats it as none
     if cfg.off_policy.tis not in ("none", "auto"):
         weights, tis_metrics = tis_weights(old_logp, batch.rollout_logprobs, mask, cfg.off_policy)

@@ -42,8 +42,8 @@ from skyrl_trainers.engine_setup import (
 )
 from skyrl_trainers.evaluation import HeldOutEval
 from skyrl_trainers.memory import use_one_malloc_arena
+from skyrl_trainers.numerics import decide_numerics
 from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
-from skyrl_trainers.precision import decide_numerics
 from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
