@@ -40,7 +40,11 @@ def test_bad_folders_show_clear_messages(tmp_path, serve, page, artifacts):
     nested = write_run(tmp_path / "nested", steps=2)
     with open(nested / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
-    viewer = serve(good, truncated, zero, empty, tmp_path / "missing", nested)
+    # a folder removed while the viewer runs (skyrl view refuses one that is missing at the start)
+    gone = tmp_path / "missing"
+    gone.mkdir()
+    viewer = serve(good, truncated, zero, empty, gone, nested)
+    gone.rmdir()
     page.goto(viewer.url)
     assert reward_points(page, 0) == 2 and reward_points(page, 1) == 3 and reward_points(page, 5) == 2
     notices = page.locator("#notices").inner_text()
@@ -56,7 +60,9 @@ def test_bad_folders_show_clear_messages(tmp_path, serve, page, artifacts):
         "samples.jsonl: the last line is incomplete (still being written?) and was skipped")
     page.wait_for_selector("#sample-detail[data-sample-id='root1']")  # the complete lines still show
 
-    viewer = serve(zero, empty, tmp_path / "missing")
+    gone.mkdir()
+    viewer = serve(zero, empty, gone)
+    gone.rmdir()
     page.goto(viewer.url)
     page.wait_for_selector("#no-metrics")
     assert "No metrics to chart: metrics.jsonl holds no steps yet" in page.locator("#no-metrics").inner_text()
