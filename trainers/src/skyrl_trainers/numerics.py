@@ -28,7 +28,7 @@ def sampling_mismatch(config: Any) -> str | None:
     if not isinstance(engine, HFEngineConfig):
         return f"engine {config.engine_id!r} computes its logprobs with kernels of its own"
     device = resolve_device(engine.device)
-    if resolve_precision(cfg.precision, trainer_device(cfg.device).split(":")[0]).bf16:
+    if resolve_precision(cfg.precision, trainer_device(cfg.device)).bf16:
         return "the trainer computes in bf16"
     if resolve_dtype(engine.dtype, device) != torch.float32:
         return f"the hf engine's model is {resolve_dtype(engine.dtype, device)}"
@@ -50,7 +50,7 @@ def decide_numerics(config: Any) -> tuple[Any, list[str]]:
     """The run's trainer section with ``off_policy.tis=auto`` decided, and the lines a run prints about
     what it computes in and why (the precision always; the correction when ``auto`` turned it on)."""
     cfg = config.trainer
-    lines = [resolve_precision(cfg.precision, trainer_device(cfg.device).split(":")[0]).describe()]
+    lines = [resolve_precision(cfg.precision, trainer_device(cfg.device)).describe()]
     tis, reason = resolve_tis(config)
     if cfg.off_policy.tis == "auto" and reason:
         lines.append(f"rollout logprobs: token-level TIS corrects them, because {reason} "

@@ -395,11 +395,11 @@ class PackedLinears:
             raise EngineError("hf engine: packed_weights=true needs a float32 model on CPU and a torch built "
                               "with oneDNN (torch.backends.mkldnn)")
         self.enabled = usable if enabled is None else enabled
-        self.dtype = resolve_packed_dtype(dtype) if self.enabled else torch.float32
+        packed = resolve_packed_dtype(dtype) if self.enabled else torch.float32
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         # the head stays float32: the trainer takes its logits in float32 too, and bf16 logits would round
         # every logprob by up to 0.06 at typical magnitudes
-        self.dtypes = [torch.float32 if layer is head else self.dtype for layer in self.layers]
+        self.dtypes = [torch.float32 if layer is head else packed for layer in self.layers]
         self.weights: list[torch.Tensor] | None = None
         self.active = False  # inside ``with packed:``
         self._stamp: list[tuple[int, int]] = []
