@@ -51,9 +51,10 @@ def test_skyrl_check_prints_one_line_per_kind(skyrl_cli, tmp_path: Path) -> None
     result = skyrl_cli("check", "harbor_terminal", *skips, f"env.tasks={root}")
     assert result.exit_code == 0, result.output
     warns = [line for line in result.output.splitlines() if line.startswith("WARN  ")]
-    assert len(warns) == 4, warns
+    assert len(warns) == 5, warns
     assert "(in 100 tasks: test/t00, test/t01, test/t02, and 97 more)" in warns[0]
-    assert result.output.rstrip().endswith("4 warning(s)")
+    assert "2 of 100 task(s) left out of split 'train'" in warns[4]  # the two forgeable ones (test_forgeable)
+    assert result.output.rstrip().endswith("5 warning(s)")
 
 
 def test_the_keys_now_read_are_not_unknown(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from test_steps import PIPELINE_FILES, PIPELINE_TOML
 
 SKYRL = Path(sys.executable).parent / "skyrl"
 BUILTIN_COUNT = sum(1 for path in BUILTIN_TASKS.iterdir() if (path / "task.toml").is_file())
-TEST_TASKS = Path(__file__).parent / "tasks"  # a sidecar API (compose-api), a public python: image (python-substitute)
+TEST_TASKS = Path(__file__).parent / "tasks"  # a sidecar API (compose-api), a public python: image (python-substitute), ...
 # performance (0.5 at best) is logged but weighs nothing here, so the oracle's reward is 1
 THREE_KEYS_TOML = three_keys_toml("reward_weights = {correctness = 0.5, style = 0.5}")
 TEST_SH = """\
@@ -78,7 +78,10 @@ def test_the_dataset_report_runs_every_builtin_task_and_each_public_form(docker_
     report = json.loads(result.stdout)
     assert result.returncode == 0, json.dumps(report, indent=1) + result.stderr
     rows = {row["task"]: row for row in report["rows"]}
-    assert len(rows) == BUILTIN_COUNT + 4 and report["failed"] == 0
+    # + compose-api, python-substitute, separate-tests-image, pipeline, three-keys, and forged-greet: a check plays
+    # forgeable tasks, marked, as skyrl eval does
+    assert len(rows) == BUILTIN_COUNT + 6 and report["failed"] == 0
+    assert "test/forged-greet [forgeable]" in rows
     for row in rows.values():
         assert (row["oracle reward"], row["end"], row["problem"], row["backend"]) == (1.0, "terminated", "", "docker")
         assert row["build"].startswith("ok (")

@@ -224,9 +224,10 @@ def test_skyrl_check_prints_the_findings_as_warnings_without_failing(skyrl_cli, 
     skips = [arg for family in SKIPPABLE for arg in ("--skip", family)]  # the lint needs no machine
     result = skyrl_cli("check", "harbor_terminal", *skips, f"env.tasks={tasks}")
     assert result.exit_code == 0, result.output
-    (warn,) = [line for line in result.output.splitlines() if line.startswith("WARN  ")]
+    warn, left_out = [line for line in result.output.splitlines() if line.startswith("WARN  ")]
     assert warn.startswith(f"WARN  {tasks}/gameable/tests/test.sh:3: agent-code: runs ./run_tests.sh")
-    assert result.output.rstrip().endswith("1 warning(s)")
+    assert "1 of 2 task(s) left out of split 'train'" in left_out and "gameable (tests/test.sh:3" in left_out
+    assert result.output.rstrip().endswith("2 warning(s)")
 
 
 def test_builtin_tasks_lint_clean() -> None:
@@ -235,3 +236,78 @@ def test_builtin_tasks_lint_clean() -> None:
         tasks = load_tasks(BUILTIN_TASKS)
     assert tasks and all(task.warnings == () for task in tasks)
     assert [finding for task in tasks for finding in lint_task(task)] == []
+
+
+# Each class of attack the lint covers beyond running a file: (test line, rule), then a clean twin of it.
+ATTACKS = [
+    ("cat /app/steps.txt | bash", "agent-code"),  # the agent's text piped into a shell
+    ("bash < /app/check.sh", "agent-code"),
+    ("source <(cat /app/env.sh)", "agent-code"),
+    ('eval "$(cat /app/cmd.txt)"', "agent-code"),
+    ("git -C /app/repo status --porcelain", "agent-code"),  # core.fsmonitor in its .git/config runs
+    ("cd /app/repo && git commit -qm check", "agent-code"),  # .git/hooks/pre-commit runs
+    ("GIT_DIR=/app/repo/.git git log -1", "agent-path"),
+    ("export HOME=/app", "agent-path"),  # ~/.gitconfig, ~/.bashrc, user site-packages .pth are the agent's
+    ("PYTHONUSERBASE=/app/.local python3 -I /tests/check.py", "agent-path"),
+    ("pip install /app/pkg", "agent-code"),  # its setup.py runs
+    ("cd /app && python3 -I -m pip install -e .", "agent-code"),
+    ("python3 -I -m pytest -c /app/pytest.ini /tests/test_outputs.py", "agent-code"),  # addopts = -p its plugin
+]
+CLEAN_TWINS = [
+    "cat /app/steps.txt | wc -l",
+    "python3 -I /tests/check.py < /app/answer.txt",
+    "diff <(sort /app/list.txt) /tests/expected.txt",
+    'echo "$(cat /app/cmd.txt)"',
+    "git -C /tests/fixture status --porcelain",
+    "GD=$(mktemp -d); git --git-dir=\"$GD\" log -1",
+    "export HOME=/root",
+    "curl -fsSL https://example.invalid/install.sh | sh",
+    "pip install --target /app/vendor requests==2.32.3",
+    "cd /app && pip install pytest==8.4.1",
+    "python3 -I -m pytest -c /tests/pytest.ini /tests/test_outputs.py",
+    "git clone -q /app/repo /tmp/copy",
+]
+
+
+@pytest.mark.parametrize(("line", "rule"), ATTACKS)
+def test_each_new_attack_class_is_reported_with_its_line_and_fix(tmp_path: Path, line: str, rule: str) -> None:
+    task_dir = write_task(tmp_path, extra={"tests/test.sh": f"#!/bin/bash\n# a test\n{line}\n{REWARD}"})
+    (finding,) = [f for f in lint_task(load(task_dir)) if f.line == 3 and f.rule == rule]
+    assert "can write" in finding.message
+    assert any(fix in finding.message for fix in ("declare [metadata.skyrl]", "run git as the agent user",
+                                                  "keep the settings in /tests"))
+
+
+@pytest.mark.parametrize("line", CLEAN_TWINS)
+def test_the_clean_twins_are_not_reported(tmp_path: Path, line: str) -> None:
+    task_dir = write_task(tmp_path, extra={"tests/test.sh": f"#!/bin/bash\n{line}\n{REWARD}"})
+    assert findings(task_dir) == []
+
+
+def test_python_tests_that_hand_git_or_home_to_the_agent_are_reported(tmp_path: Path) -> None:
+    test_py = ('import os, subprocess\nsubprocess.run(["git", "diff", "--stat"], cwd="/app/repo")\n'
+               'os.environ["HOME"] = "/app"\nsubprocess.run(["git", "status"], cwd="/tests")\n')
+    task_dir = write_task(tmp_path, extra={"tests/test_repo.py": test_py})
+    assert findings(task_dir) == [("tests/test_repo.py", 2, "agent-code"), ("tests/test_repo.py", 3, "agent-path")]
+
+
+def test_a_later_steps_setup_is_linted_and_the_first_steps_is_not(tmp_path: Path) -> None:
+    toml = MINIMAL_TOML + '\n[[steps]]\nname = "one"\n\n[[steps]]\nname = "two"\n'
+    setup = "#!/bin/bash\n# runs as root after the agent's first step\nbash ./migrate.sh\n"
+    task_dir = write_task(tmp_path, toml=toml, extra={
+        "steps/one/instruction.md": "One.\n", "steps/one/setup.sh": setup, "steps/one/tests/test.sh": "#!/bin/bash\n",
+        "steps/two/instruction.md": "Two.\n", "steps/two/setup.sh": setup, "steps/two/tests/test.sh": "#!/bin/bash\n"})
+    (finding,) = lint_task(load(task_dir))
+    assert (finding.path, finding.line, finding.rule) == ("steps/two/setup.sh", 3, "agent-code")
+
+
+def test_folders_the_dockerfile_hands_to_the_agent_are_the_agents(tmp_path: Path) -> None:
+    dockerfile = ("FROM skyrl-terminal-base:bookworm-1\nWORKDIR /app\nRUN chmod -R 777 /opt/tool && "
+                  "chown -R agent:agent /etc/profile.d /usr/local/lib/python3.11/site-packages\nRUN chmod 755 /srv\n")
+    test_sh = ("#!/bin/bash\nbash /opt/tool/run.sh\nbash /srv/run.sh\nbash -lc 'true'\nsu - agent -c true\n"
+               "sudo -u agent -i true\nPYTHONPATH=/usr/local/lib/python3.11/site-packages python3 /tests/x.py\n")
+    task_dir = write_task(tmp_path, extra={"environment/Dockerfile": dockerfile, "tests/test.sh": test_sh})
+    assert findings(task_dir) == [("tests/test.sh", 2, "agent-code"), ("tests/test.sh", 4, "agent-code"),
+                                  ("tests/test.sh", 7, "agent-path")]
+    (login,) = [f for f in lint_task(load(task_dir)) if f.line == 4]
+    assert "/etc/profile.d/*.sh" in login.message and "functions" in login.message

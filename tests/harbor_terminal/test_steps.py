@@ -109,6 +109,20 @@ def test_the_new_keys_are_read(pipeline: dict[str, Any]) -> None:
     assert modes["bin/tool.sh"] & 0o111 and not modes["notes.sh"] & 0o111
 
 
+def test_a_setup_script_in_the_step_workdir_is_the_steps_setup_as_in_harbor(tmp_path: Path) -> None:
+    """Harbor 0.25 keeps a step's setup at steps/<name>/workdir/setup.sh: run as the setup, and uploaded with the rest."""
+    files = {**PIPELINE_FILES, "steps/finish/workdir/setup.sh": PIPELINE_FILES["steps/finish/setup.sh"]}
+    del files["steps/finish/setup.sh"]
+    task = load_task(write_task(tmp_path / "moved", files, toml=PIPELINE_TOML)["task_path"])
+    prepare, finish = task.steps
+    assert prepare.setup_script.name == "setup.sh" and prepare.setup_script.parent.name == "prepare"
+    assert finish.setup_script == tmp_path / "moved/steps/finish/workdir/setup.sh"
+    assert "setup.sh" in task.workdir_files(finish)[0]
+    both = write_task(tmp_path / "both", {**files, "steps/finish/setup.sh": "#!/bin/bash\n"}, toml=PIPELINE_TOML)
+    with pytest.raises(TaskFormatError, match=r"step 'finish' has two setup scripts.*keep one"):
+        load_task(both["task_path"])
+
+
 def _task(tmp_path: Path, environment: str = "", steps: str = "", top: str = "", files: dict[str, str] | None = None
           ) -> str:
     toml = f'{top}\n[environment]\n{environment}\n' + (steps or "")

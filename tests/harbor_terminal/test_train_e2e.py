@@ -2,7 +2,8 @@
 
 Two built-in tasks (linked into a folder of their own, so `env.tasks` is exercised and the task
 images stay those of the built-in folders) on the docker backend. The run must finish, log the
-env's metrics, write samples and leave no container of its own behind.
+env's metrics, write samples and leave no container of its own behind. A forgeable task in the same
+folder is left out of training with one line naming it.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ ENV_METRICS = ("env/passed", "env/commands", "env/command_timeouts", "env/no_com
                "env/container_errors", "env/agent_command_s", "env/verify_s")
 
 
-def _task_subset(folder: Path) -> Path:
+FORGED = Path(__file__).parent / "tasks" / "forged-greet"  # its tests run /app/greet.sh as root
+
+
+def _task_subset(folder: Path, *more: Path) -> Path:
     from skyrl_harbor_terminal.env import BUILTIN_TASKS
 
     folder.mkdir()
-    for name in TASKS:
-        (folder / name).symlink_to(BUILTIN_TASKS / name, target_is_directory=True)
+    for task in [*(BUILTIN_TASKS / name for name in TASKS), *more]:
+        (folder / task.name).symlink_to(task, target_is_directory=True)
     return folder
 
 
@@ -40,7 +44,7 @@ def _containers_of(pid: int) -> list[str]:
 @pytest.mark.slow
 def test_skyrl_run_trains_on_harbor_terminal_with_tiny_random(tmp_path, docker_backend):
     pytest.importorskip("skyrl_trainers")
-    tasks = _task_subset(tmp_path / "tasks")
+    tasks = _task_subset(tmp_path / "tasks", FORGED)  # a forgeable task: left out of training by default
     run_dir = tmp_path / "run"
     command = [str(SKYRL), "run", "--env", "harbor_terminal", "--trainer", "fsdp_grpo", "--model", "tiny-random",
                f"env.tasks={tasks}", f"env.backend={docker_backend}", "env.max_turns=2",
@@ -58,6 +62,7 @@ def test_skyrl_run_trains_on_harbor_terminal_with_tiny_random(tmp_path, docker_b
         stdout, stderr = process.communicate()
         pytest.fail("skyrl run did not finish within 900 s:\n" + stdout[-3000:] + stderr[-3000:])
     assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "1 of 3 task(s) left out of split 'train'" in stdout + stderr and "test/forged-greet" in stdout + stderr
 
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]

@@ -331,11 +331,13 @@ def _dataset_check(env_id: str, options: dict[str, Any], dataset: Path, *, concu
     from rich.progress import Progress
     from rich.table import Table
 
+    from skyrl_core.config import merge
     from skyrl_core.dataset_report import dataset_report
     from skyrl_core.factory import env_class
 
     registry = get_plugin_manager().registry
     cls = env_class(env_id, registry)
+    options = merge(registry.get("env", env_id).rollout_defaults.get("env", {}), options)  # played, not trained on
     with Progress(console=Console(stderr=True), transient=True) as bar:
         playing = bar.add_task(f"oracle on {dataset}", total=None)
         report = dataset_report(cls, env_id, options, dataset, registry, concurrency=concurrency, seed=seed,

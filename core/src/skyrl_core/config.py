@@ -151,8 +151,10 @@ def yaml_problem(exc: yaml.YAMLError, *, position: bool = True) -> str:
     return text
 
 
-def env_run_defaults(layers: Sequence[Mapping[str, Any]], registry: Registry) -> dict[str, Any]:
-    """The env's ``run_defaults`` for the components ``layers`` choose, as a config layer to put first.
+def env_run_defaults(layers: Sequence[Mapping[str, Any]], registry: Registry, *,
+                     rollout: bool = False) -> dict[str, Any]:
+    """The env's ``run_defaults`` for the components ``layers`` choose, as a config layer to put first
+    (with ``rollout``, for playing the env without training: its ``rollout_defaults`` over them).
 
     Only options that the chosen component's config declares are kept (a recommendation for
     ``fsdp_grpo`` must not break a run with another trainer); an unknown env id gives ``{}`` here
@@ -167,7 +169,8 @@ def env_run_defaults(layers: Sequence[Mapping[str, Any]], registry: Registry) ->
     spec = registry.get("env", str(env_id))
     ids = {**DEFAULT_IDS, **({"generator": spec.default_generator} if spec.default_generator else {}), "env": env_id}
     layer: dict[str, Any] = {}
-    for section, options in spec.run_defaults.items():
+    recommended = merge(spec.run_defaults, spec.rollout_defaults) if rollout else spec.run_defaults
+    for section, options in recommended.items():
         component_id = raw.get(section, {}).get("id", ids.get(section))
         kind = SECTIONS.get(section)
         if kind is None or component_id is None or not registry.has(kind, str(component_id)):

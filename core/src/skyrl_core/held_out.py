@@ -29,9 +29,10 @@ def held_out_split(spec: EnvSpec, train_split: str) -> str:
 
 
 def rollout_defaults(layers: Sequence[Mapping[str, Any]], registry: Registry) -> dict[str, Any]:
-    """The env's ``run_defaults`` as the lowest config layer of a rollout: what ``skyrl run`` would use
-    for the env, generator and engine, without the options only training has (:data:`TRAINING_ONLY`)."""
-    layer = env_run_defaults(layers, registry)
+    """The lowest config layer of a rollout: what ``skyrl run`` would use for the env, generator and engine
+    (the env's ``run_defaults``) without the options only training has (:data:`TRAINING_ONLY`), and with
+    the env's ``rollout_defaults`` (what it wants when played without training) over them."""
+    layer = env_run_defaults(layers, registry, rollout=True)
     for section, keys in TRAINING_ONLY.items():
         options = {k: v for k, v in layer.get(section, {}).items() if k not in keys}
         if options:

@@ -89,6 +89,10 @@ class EnvSpec(ComponentSpec):
     # evaluates on and what `skyrl rollout` plays by default. A training split not listed is evaluated on
     # itself, so an env with one set of tasks for every split declares {}. See skyrl_core.held_out.
     eval_splits: Mapping[str, str] = field(default_factory=lambda: {"train": "test"})
+    # Options for playing the env without training (`skyrl rollout`, `skyrl eval`), over run_defaults and under
+    # everything else: what differs between training on a task and measuring it (e.g. harbor_terminal plays, and
+    # marks, tasks whose reward a policy could forge, which training leaves out). See skyrl_core.held_out.
+    rollout_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # A bridge's catalogue: "module:attr" of a function listing the peer envs it hosts (CatalogEntry records or
     # names), chosen with env.name. `skyrl envs --catalog ID` calls it; nothing else does. See skyrl_core.catalog.
     catalog: str | None = None
@@ -98,7 +102,8 @@ class EnvSpec(ComponentSpec):
                 "needs_network": self.needs_network, "needs_docker": self.needs_docker,
                 "needs_gpu": self.needs_gpu, "default_generator": self.default_generator,
                 "stop": list(self.stop), "run_defaults": {k: dict(v) for k, v in self.run_defaults.items()},
-                "eval_splits": dict(self.eval_splits)}
+                "eval_splits": dict(self.eval_splits),
+                "rollout_defaults": {k: dict(v) for k, v in self.rollout_defaults.items()}}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ def register_envs(register):
         max_turns=16,
         needs_docker=True,
         eval_splits={},  # one set of tasks (env.tasks) for every split: a run evaluates on its training tasks
+        # Training leaves out tasks whose reward a policy could forge; `skyrl eval`/`rollout` play them, marked.
+        rollout_defaults={"env": {"forgeable_tasks": "include"}},
     ))
 
 

@@ -2,8 +2,9 @@
 
 Offline unless ``build_network``; public ``FROM`` images replaced by their offline substitutes
 (:mod:`.substitutes`) where the engine lacks them; rebuilt only when the folder, the Dockerfile as
-sent or the build args change; one build log per image. A build that fails offline in a way that
-looks like a missing network says so and how to fix it.
+sent or the build args change; one build log per image. With the network, build steps trust the
+host's extra CAs (:mod:`.build_trust`). A build that fails offline in a way that looks like a
+missing network, or online on a TLS certificate, says so and how to fix it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from skyrl_sandbox import images
 from skyrl_sandbox.errors import SandboxError
 
-from . import substitutes
+from . import build_trust, substitutes
 from .config import HarborTerminalConfig
 from .images import TERMINAL_IMAGE
 
@@ -58,6 +60,8 @@ async def build_task_image(what: str, context: Path, dockerfile: str, tag: str, 
     def say(line: str) -> None:
         log.debug("%s", line)
 
+    trust: build_trust.TrustBundle | None = None
+    started: float | None = None  # when the engine's build began (its log is then this build's)
     try:
         plan = await asyncio.to_thread(substitutes.plan_build, context / dockerfile,
                                        enabled=substitutes.substitutes_enabled(config.substitute_images))
@@ -66,17 +70,36 @@ async def build_task_image(what: str, context: Path, dockerfile: str, tag: str, 
             log.warning("%s: %s", what, warning)
         for substitute in plan.substitutes:  # FROM lines would build them too; COPY --from would not
             await asyncio.to_thread(images.ensure_base_image, substitute.tag, progress=say)
+        trust = await asyncio.to_thread(build_trust.resolve, config.build_ca_bundle) if network else None
+        text = plan.text if trust is None else await asyncio.to_thread(_trusting, trust, context / dockerfile, plan,
+                                                                        say)
+        started = time.time()
         return await asyncio.to_thread(
             images.build_image, context, tag, dockerfile=dockerfile, base=TERMINAL_IMAGE, timeout_s=timeout_s,
-            log_file=log_file, progress=say, dockerfile_text=plan.text, network=network, notes=plan.notes,
+            log_file=log_file, progress=say, dockerfile_text=text, network=network, notes=plan.notes,
             buildargs=dict(buildargs) if buildargs else None)
     except SandboxError as exc:
-        hint = None if network else substitutes.offline_build_hint(str(exc))
+        fresh = started is not None and log_file.exists() and log_file.stat().st_mtime >= started - 1
+        output = log_file.read_text(errors="replace") if fresh else str(exc)  # the whole log: the tail may miss it
+        hint = (build_trust.tls_failure_hint(output, trust, config.build_ca_bundle) if network
+                else substitutes.offline_build_hint(str(exc)))
         if hint and log_file.exists():
             with log_file.open("a", encoding="utf-8") as handle:
                 handle.write(f"hint: {hint}\n")
         raise TaskEnvironmentError(f"{what} did not build ({exc})" + (f". {hint}" if hint else "")
                                    + f"; build log: {log_file}") from exc
+
+
+def _trusting(trust: build_trust.TrustBundle, recipe: Path, plan: substitutes.BuildPlan,
+              say: Callable[[str], None]) -> str | None:
+    """The Dockerfile text with ``trust`` in its build steps (noted in the build log), or the plan's when none runs."""
+    trusted = build_trust.rewrite(plan.text or recipe.read_text(errors="replace"), trust.tag, build_trust.image_user)
+    if trusted is None:
+        return plan.text
+    build_trust.ensure_image(trust, progress=say)
+    plan.notes.append(f"RUN steps trust {trust.extra} extra CA(s) from {trust.source} (env.build_ca_bundle); "
+                      "the final image keeps neither them nor their variables")
+    return trusted
 
 
 def task_image_tag(task: HarborTask) -> str:

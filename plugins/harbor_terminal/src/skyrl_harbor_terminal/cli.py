@@ -1,4 +1,4 @@
-"""``skyrl harbor``: commands about Harbor task datasets (``skyrl harbor images``).
+"""``skyrl harbor``: commands about Harbor task datasets (``skyrl harbor images``, ``skyrl harbor export``).
 
 Registered through the plugin's ``register_commands`` hook; everything heavy (the Docker SDK, the
 dataset reader) is imported inside the command bodies so that ``skyrl --help`` stays fast.
@@ -30,10 +30,35 @@ class ImageRow:
 
 
 def build_app() -> typer.Typer:
-    app = typer.Typer(help="Harbor task datasets: the images they need.", no_args_is_help=True,
+    app = typer.Typer(help="Harbor task datasets: the images they need, Harbor-ready copies.", no_args_is_help=True,
                       add_completion=False)
     app.command("images")(images_command)
+    app.command("export")(export_command)
     return app
+
+
+def export_command(
+    path: str | None = typer.Argument(None, help="A task folder, a folder of task folders, or a Parquet dataset; "
+                                                 "default: the built-in tasks."),
+    out: str = typer.Option(..., "--out", help="Folder to write the copies into, one sub-folder per task "
+                                                "(named as the task's folder); existing ones are not replaced."),
+) -> None:
+    """Write Harbor-ready copies of tasks: test helpers copied into tests/, local base images replaced by public
+    Debian ones, and the agent user and network stated in Harbor's fields, so Harbor runs them as we do."""
+    from .harbor_export import ExportError, export_task
+
+    tasks, problems = _load(path)
+    for task in tasks:
+        try:
+            written = export_task(task.path, Path(out) / task.path.name)
+        except (ExportError, ValueError, OSError) as exc:
+            problems.append(f"{task.path}: not exported ({exc})")
+            continue
+        typer.echo(f"exported {task.name} -> {written}")
+    for line in problems:
+        typer.echo(f"error: {line}", err=True)
+    if problems:
+        raise typer.Exit(1)
 
 
 def images_command(

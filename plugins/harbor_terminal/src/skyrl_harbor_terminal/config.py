@@ -16,6 +16,11 @@ class HarborTerminalConfig(EnvConfig):
     max_turns: int = Field(16, ge=1, description="Actions per episode (per step of a multi-step task: in total).")
     tasks: str | None = Field(None, description="A Harbor task folder, a folder of task folders, or a Parquet dataset "
                                                 "(path + task_binary columns); default: the built-in tasks.")
+    forgeable_tasks: Literal["skip", "include"] = Field("skip", description=(
+        "Tasks whose tests run files the agent can write with the tests' privileges (the task lint's agent-code, "
+        "agent-path and agent-tests findings), so a policy could write its own reward: 'skip' leaves them out (one "
+        "line names them); 'include' plays them, marked [forgeable]. skyrl run defaults to 'skip'; skyrl eval and "
+        "skyrl rollout default to 'include'."))
     backend: Literal["auto", "docker", "bwrap"] = Field(
         "auto", description="Where tasks run: a Docker container of the task's image; bwrap (no Docker) for tasks "
                             "declaring [metadata.skyrl] base_packages_only; auto: docker when an engine answers.")
@@ -53,6 +58,11 @@ class HarborTerminalConfig(EnvConfig):
         "RUN steps of task image builds (never the agent's machine) use the host's network, so apt-get and pip "
         "install work where this machine reaches package mirrors. None: $SKYRL_BUILD_NETWORK when set, else the "
         "machine's settings file (~/.config/skyrl/harbor.toml; scripts/setup.sh turns it on), else off."))
+    build_ca_bundle: str | None = Field(None, description=(
+        "CAs that RUN steps of image builds with build_network trust besides the public ones (never the agent's "
+        "machine), for egress through a TLS-intercepting proxy: a PEM file; 'auto': the system store's local "
+        "additions (/usr/local/share/ca-certificates), else $SSL_CERT_FILE; 'none': off. None: "
+        "$SKYRL_BUILD_CA_BUNDLE when set, else auto."))
     reward_weights: dict[str, float] | None = Field(None, description=(
         "Weights of a reward.json's keys when it has no 'reward' key (e.g. {correctness: 0.7, performance: 0.3}); "
         "overrides the task's [metadata.skyrl] reward_weights. None: the task's, else equal weights."))

@@ -41,13 +41,16 @@ from skyrl_sandbox.terminal import CommandResult, TerminalSession
 
 from .actions import parse_action
 from .artifacts import ArtifactLog, collect_artifacts, default_artifacts_dir, episode_folder
+from .collect_hooks import run_collect_hooks
 from .config import HarborTerminalConfig
+from .forgeable import refusal, select_rows
 from .healthcheck import run_healthcheck
 from .lint import lint_task, task_workdir
 from .provision import Provisioner, Started, TaskEnvironmentError, image_source, provisioner
 from .rewards import MAX_KEYS
 from .step_workdir import upload_step_workdir
 from .task import HarborTask, HarborTaskWarning, Step, combine_rewards, load_task
+from .tests_machine import AGENT_ARTIFACTS, build_tests_images, prepare_agent_machine, verify_apart
 from .verifier import TESTS_DIR, Verdict, verify
 
 log = logging.getLogger(__name__)
@@ -102,8 +105,10 @@ class HarborTerminalEnv(TextEnv):
 
     @classmethod
     def load_dataset(cls, split: str = "train", config: HarborTerminalConfig | None = None) -> Sequence[dict[str, Any]]:
-        """Every task of ``config.tasks`` (default: the built-in tasks), for any split."""
-        rows = task_rows(config.tasks if config else None)
+        """Every task of ``config.tasks`` (default: the built-in tasks), for any split; forgeable tasks are left out
+        or marked, as ``config.forgeable_tasks`` says (:mod:`.forgeable`)."""
+        rows = select_rows(task_rows(config.tasks if config else None), cached_task,
+                           config.forgeable_tasks if config else "skip", split)
         if config is not None and config.verifier_cwd != TESTS_DIR:
             warn_where_the_tests_start(rows, config.verifier_cwd)
         return rows
@@ -146,7 +151,8 @@ class HarborTerminalEnv(TextEnv):
         self._close_machine()
         self._reset_episode()
         messages, info = super().reset(seed=seed, options=options)
-        return messages, {**info, "task": self.harbor_task.name, "steps": len(self.harbor_task.steps)}
+        forgeable = {"forgeable": self.task["forgeable"]} if self.task.get("forgeable") else {}
+        return messages, {**info, "task": self.harbor_task.name, "steps": len(self.harbor_task.steps), **forgeable}
 
     def build_prompt(self) -> list[dict[str, str]]:
         return [{"role": "user", "content": self._step_prompt(self.current_step)}]
@@ -303,8 +309,13 @@ class HarborTerminalEnv(TextEnv):
         timeout = self.config.verifier_timeout_s or step.verifier_timeout_sec
         cwd = machine.spec.workdir if self.config.verifier_cwd == "workdir" else self.config.verifier_cwd
         await self._collect_artifacts(machine, step)
-        verdict = await verify(machine, self.harbor_task, step, timeout, cwd=cwd,
-                               weights=self.config.reward_weights or self.harbor_task.reward_weights)
+        weights = self.config.reward_weights or self.harbor_task.reward_weights
+        if step.tests_machine is not None:  # environment_mode = "separate": the tests run in a machine of their own
+            assert self._provisioner is not None
+            verdict = await verify_apart(self._provisioner, self.harbor_task, step, self.config, self.artifact_log,
+                                         timeout, weights)
+        else:
+            verdict = await verify(machine, self.harbor_task, step, timeout, cwd=cwd, weights=weights)
         self.verdicts.append(verdict)
         self.step_rewards.append(verdict.reward)
         self.step_rewards_by_key.append(dict(verdict.rewards))
@@ -323,7 +334,10 @@ class HarborTerminalEnv(TextEnv):
 
     async def _collect_artifacts(self, machine: Machine, step: Step) -> None:
         """The step's and the task's artifacts, copied out once the agent's processes are gone (before the tests)."""
-        artifacts = step.artifacts + self.harbor_task.artifacts
+        artifacts = step.artifacts + self.harbor_task.artifacts + ((AGENT_ARTIFACTS,) if step.tests_machine else ())
+        if step.collect:  # [verifier] collect: once the agent's processes are gone, before anything is copied out
+            await machine.kill_processes()
+            await run_collect_hooks(machine, step.collect, f"task {self.harbor_task.name}, step {step.name}")
         if not artifacts:
             return
         if self.artifact_log is None:
@@ -377,6 +391,9 @@ class HarborTerminalEnv(TextEnv):
         if self._machine is not None:
             return self._machine
         task = self.harbor_task
+        refused = refusal(task, self.task, self.config.forgeable_tasks)
+        if refused is not None:
+            raise TaskEnvironmentError(refused)
         self._provisioner = provisioner(self.config)
         self.report = {"image source": image_source(task), "backend": "-", "build": "-"}
         backend = resolve_backend(self.config.backend, task)
@@ -388,6 +405,8 @@ class HarborTerminalEnv(TextEnv):
             self.container_error = True
             raise
         self._machine = started.machine
+        await build_tests_images(self._provisioner, task, self.config)  # a broken one is an env error, as the task's
+        await prepare_agent_machine(self._machine, task)
         self.report.update({"image source": image_source(task),  # now with what stood in for public images
                             "build": "replayed on the host" if backend == "bwrap" else f"ok ({started.build_s:.1f} s)"})
         self.timings.update(build_s=started.build_s, start_s=started.start_s, wait_s=started.wait_s)
@@ -520,7 +539,8 @@ def resolve_backend(requested: str, task: HarborTask) -> str:
     if problem is None:
         return "docker"
     compose = task.environment.compose
-    if task.environment.base_packages_only and not task.environment.tests_run_agent_code and compose is None:
+    if (task.environment.base_packages_only and not task.environment.tests_run_agent_code and compose is None
+            and not task.separate_tests):
         return "bwrap"
     if compose is not None:
         raise TaskEnvironmentError(f"task {task.name} needs Docker (its {compose.path.name} runs services beside the "

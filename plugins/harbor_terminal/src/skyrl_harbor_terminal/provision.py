@@ -106,7 +106,7 @@ class Provisioner:
                      ) -> Machine:
         environment = task.environment
         recipe = bwrap_recipe(task) if backend == "bwrap" else None
-        workdir = environment.workdir or (recipe.workdir if recipe else await _image_workdir(image))
+        workdir = environment.workdir or (recipe.workdir if recipe else await image_workdir(image))
         if workdir in _SYSTEM_FOLDERS or not workdir.startswith("/"):
             workdir = DEFAULT_WORKDIR
         agent_user = task.steps[0].agent_user or config.agent_user
@@ -185,6 +185,9 @@ def bwrap_recipe(task: HarborTask) -> BwrapRecipe:
         raise TaskEnvironmentError(
             f"task {task.name} needs Docker: its tests run the agent's code ([metadata.skyrl] tests_run_agent_code), "
             "and in a bwrap machine the agent and the tests share one host user, so that code could write the reward")
+    if task.separate_tests:
+        raise TaskEnvironmentError(f"task {task.name} needs Docker: its tests run in a machine of their own "
+                                   "([verifier] environment_mode = \"separate\"), which only docker provides")
     if environment.context_dir is None:
         raise TaskEnvironmentError(f"task {task.name} needs Docker: it names a prebuilt image")
     recipe_file = environment.context_dir / environment.dockerfile
@@ -235,7 +238,8 @@ def _copy_sources(context: Path, step: CopyStep) -> dict[str, dict[str, bytes]]:
     return out
 
 
-async def _image_workdir(image: str | None) -> str:
+async def image_workdir(image: str | None) -> str:
+    """The WORKDIR of ``image`` (docker), else /app."""
     if image is None:
         return DEFAULT_WORKDIR
     from skyrl_sandbox.docker_client import shared_client

@@ -248,7 +248,7 @@ def image_uses(text: str) -> list[ImageUse]:
     global_args: dict[str, str] = {}
     stages: set[str] = set()
     seen_from = False
-    for number, line in _instruction_lines(text):
+    for number, line in instruction_lines(text):
         match = _INSTRUCTION.match(line)
         if not match:
             continue
@@ -293,7 +293,7 @@ def rewrite(text: str, replacements: dict[str, str]) -> str:
     return "".join(lines)
 
 
-def _instruction_lines(text: str) -> Iterable[tuple[int, str]]:
+def instruction_lines(text: str) -> Iterable[tuple[int, str]]:
     """(number, text) of each physical line that starts an instruction (not continuations, comments, heredocs)."""
     continued = False
     heredocs: list[str] = []

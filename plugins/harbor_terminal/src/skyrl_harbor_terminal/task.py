@@ -7,6 +7,8 @@ adds ``[[steps]]`` tables (with ``healthcheck`` and ``artifacts``) and ``steps/<
 differs from Harbor's:
 
 - ``allow_internet`` defaults to False (Harbor: True); the env decides what a task finally gets.
+  ``network_mode``, ``[verifier] environment_mode`` and ``collect`` are read in :mod:`.harbor_fields`,
+  which refuses by name what cannot be honoured here ("allowlist", ``[verifier.environment]``, ...).
 - GPUs are never provided; a task asking for some loads with a warning.
 - ``[verifier] env`` and ``[environment] env`` values are kept verbatim: no ``${HOST_VAR}`` is
   filled from this machine.
@@ -37,6 +39,7 @@ from typing import Any
 
 import tomllib
 
+from . import harbor_fields
 from .compose import load_compose
 from .lint import lint_task
 from .rewards import weights_problem
@@ -50,6 +53,7 @@ from .task_model import (  # the model lives in .task_model; these names stay im
     TEST_HELPERS_DIR,
     Artifact,
     Author,
+    CollectHook,
     EnvironmentSpec,
     HarborTask,
     Healthcheck,
@@ -67,14 +71,15 @@ STEP_WORKDIR = "workdir"  # steps/<name>/workdir/: uploaded into the work direct
 MAX_ARTIFACTS = 64
 
 _TOP_KEYS = {"version", "schema_version", "task", "metadata", "verifier", "agent", "solution",
-             "environment", "multi_step_reward_strategy", "steps", "artifacts"}
-_TASK_KEYS = {"name", "description", "authors", "keywords"}
-_VERIFIER_KEYS = {"timeout_sec", "env", "user"}
-_AGENT_KEYS = {"timeout_sec", "user"}
+             "environment", "multi_step_reward_strategy", "steps", "artifacts", "source"}
+_TASK_KEYS = {"name", "description", "authors", "keywords", "version"}
+_NETWORK_KEYS = {"network_mode", "allowed_hosts"}  # read (or refused) in .harbor_fields
+_VERIFIER_KEYS = {"timeout_sec", "env", "user", "environment_mode", "environment", "collect", *_NETWORK_KEYS}
+_AGENT_KEYS = {"timeout_sec", "user", *_NETWORK_KEYS}
 _SOLUTION_KEYS = {"env"}
 _ENVIRONMENT_KEYS = {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage",
                      "storage_mb", "allow_internet", "gpus", "gpu_types", "workdir", "os", "env", "healthcheck",
-                     "mcp_servers", "artifacts"}
+                     "mcp_servers", "artifacts", *_NETWORK_KEYS}
 _STEP_KEYS = {"name", "min_reward", "contributes_to_reward", "agent", "verifier", "healthcheck", "artifacts"}
 _SKYRL_KEYS = {"base_packages_only", "tests_run_agent_code", "reward_weights", "test_helpers"}
 _HEALTHCHECK_KEYS = {"command", "interval_sec", "timeout_sec", "retries", "start_period_sec"}
@@ -103,26 +108,28 @@ def load_task(path: str | os.PathLike[str], *, quiet: bool = False) -> HarborTas
     defaults = _task_step_defaults(reader, data)
     steps_raw = data.get("steps")
     if steps_raw is None:
-        steps = (_single_step(task_dir, defaults),)
+        steps = (_single_step(task_dir, reader, defaults),)
     else:
         steps = _multi_steps(task_dir, reader, steps_raw, defaults)
     fields = dict(
         name=reader.string(info, "name", "[task]") or task_dir.name,
         path=task_dir,
         schema_version=_schema_version(reader, data),
-        environment=_environment_spec(task_dir, reader, data, metadata),
+        environment=_environment_spec(task_dir, reader, data, metadata, defaults.machine_network),
         steps=steps,
         multi_step=steps_raw is not None,
         reward_strategy=_reward_strategy(reader, data),
         solution_env=reader.str_dict(solution, "env", "[solution]"),
         metadata=metadata,
-        description=reader.string(info, "description", "[task]") or "",
+        description=_description(reader, info),
         authors=_authors(reader, info),
         keywords=tuple(reader.str_list(info, "keywords", "[task]")),
         artifacts=_artifacts(reader, data, "top level") + _artifacts(reader, _table_or_empty(data, "environment"),
                                                                      "[environment]"),
         reward_weights=_reward_weights(reader, metadata),
         test_helpers=_test_helpers(reader, metadata),
+        version=reader.string(info, "version", "[task]"),
+        source=reader.string(data, "source", "top level"),
     )
     task = HarborTask(**fields, warnings=tuple(reader.warnings))  # last: every check above may warn
     findings = [f"{task_dir}/{finding}" for finding in lint_task(task)]  # tests a policy can game (see .lint)
@@ -211,6 +218,11 @@ class _StepDefaults:
     verifier_timeout_sec: float
     verifier_env: dict[str, str]
     verifier_user: str | None
+    machine_network: bool  # the agent's machine: [agent] network_mode, else [environment]'s
+    baseline_network: bool  # [environment]'s: a separate tests machine's unless its verifier says otherwise
+    verifier_mode: str | None = None  # [verifier] environment_mode (None: shared)
+    tests_network: bool | None = None  # [verifier] network_mode
+    collect: tuple[CollectHook, ...] = ()
 
 
 def _describe(value: Any) -> str:
@@ -256,6 +268,14 @@ def _reward_strategy(reader: _Reader, data: dict[str, Any]) -> str:
     return value
 
 
+def _description(reader: _Reader, info: dict[str, Any]) -> str:
+    """``[task] description``: any string, empty included (``harbor init`` writes ``description = ""``)."""
+    value = info.get("description", "")
+    if not isinstance(value, str):
+        raise reader.error("[task]", f"description must be a string, got {_describe(value)}")
+    return value
+
+
 def _authors(reader: _Reader, info: dict[str, Any]) -> tuple[Author, ...]:
     value = info.get("authors", [])
     if not isinstance(value, list):
@@ -276,12 +296,19 @@ def _authors(reader: _Reader, info: dict[str, Any]) -> tuple[Author, ...]:
 def _task_step_defaults(reader: _Reader, data: dict[str, Any]) -> _StepDefaults:
     agent = reader.table(data, "agent", "[agent]", _AGENT_KEYS)
     verifier = reader.table(data, "verifier", "[verifier]", _VERIFIER_KEYS)
+    baseline = harbor_fields.environment_network(reader, _table_or_empty(data, "environment"))
+    agent_network = harbor_fields.network_mode(reader, agent, "[agent]")
     return _StepDefaults(
         agent_timeout_sec=reader.number(agent, "timeout_sec", "[agent]", DEFAULT_TIMEOUT_SEC),
         agent_user=reader.string(agent, "user", "[agent]"),
         verifier_timeout_sec=reader.number(verifier, "timeout_sec", "[verifier]", DEFAULT_TIMEOUT_SEC),
         verifier_env=reader.str_dict(verifier, "env", "[verifier]"),
         verifier_user=reader.string(verifier, "user", "[verifier]"),
+        machine_network=baseline if agent_network is None else agent_network,
+        baseline_network=baseline,
+        verifier_mode=harbor_fields.verifier_mode(reader, verifier, "[verifier]"),
+        tests_network=harbor_fields.network_mode(reader, verifier, "[verifier]"),
+        collect=harbor_fields.collect_hooks(reader, verifier, "[verifier]"),
     )
 
 
@@ -306,7 +333,8 @@ def _size_mb(reader: _Reader, table: dict[str, Any], key: str, default: int) -> 
     return size
 
 
-def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], metadata: dict[str, Any]) -> EnvironmentSpec:
+def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], metadata: dict[str, Any],
+                      allow_internet: bool) -> EnvironmentSpec:
     env = reader.table(data, "environment", "[environment]", _ENVIRONMENT_KEYS)
     docker_image = reader.string(env, "docker_image", "[environment]")
     compose = load_compose(task_dir)
@@ -339,7 +367,7 @@ def _environment_spec(task_dir: Path, reader: _Reader, data: dict[str, Any], met
         cpus=reader.number(env, "cpus", "[environment]", DEFAULT_CPUS),
         memory_mb=_size_mb(reader, env, "memory", DEFAULT_MEMORY_MB),
         storage_mb=_size_mb(reader, env, "storage", DEFAULT_STORAGE_MB),
-        allow_internet=reader.boolean(env, "allow_internet", "[environment]", False),
+        allow_internet=allow_internet,
         base_packages_only=reader.boolean(skyrl, "base_packages_only", "[metadata.skyrl]", False),
         gpus=gpus,
         tests_run_agent_code=reader.boolean(skyrl, "tests_run_agent_code", "[metadata.skyrl]", False),
@@ -360,12 +388,12 @@ def _context_dir(task_dir: Path, docker_image: str | None) -> Path | None:
     return None
 
 
-def _single_step(task_dir: Path, defaults: _StepDefaults) -> Step:
+def _single_step(task_dir: Path, reader: _Reader, defaults: _StepDefaults) -> Step:
     tests = task_dir / "tests"
     if not (tests / "test.sh").is_file():
         raise TaskFormatError(f"{task_dir}: tests/test.sh is missing")
-    return _step(SINGLE_STEP_NAME, _read_text(task_dir / "instruction.md", task_dir), (tests,),
-                 _solution_dir(task_dir), None, defaults, None, True)
+    return _step(reader, "[verifier]", SINGLE_STEP_NAME, _read_text(task_dir / "instruction.md", task_dir),
+                 (tests,), _solution_dir(task_dir), None, defaults, None, True)
 
 
 def _multi_steps(task_dir: Path, reader: _Reader, raw: Any, defaults: _StepDefaults) -> tuple[Step, ...]:
@@ -391,13 +419,23 @@ def _parse_step(task_dir: Path, reader: _Reader, index: int, table: dict[str, An
     reader.check_keys(table, _STEP_KEYS, where)
     agent = reader.table(table, "agent", f"{where} agent", _AGENT_KEYS)
     verifier = reader.table(table, "verifier", f"{where} verifier", _VERIFIER_KEYS)
-    overrides = _StepDefaults(
+    agent_network = harbor_fields.network_mode(reader, agent, f"{where} agent")
+    if agent_network is not None and agent_network != defaults.machine_network:
+        raise reader.error(f"{where} agent", "network_mode differs from the task's: every step runs in one machine, "
+                                             "whose network is set when it starts; set it in [agent] or "
+                                             "[environment] instead")
+    tests_network = harbor_fields.network_mode(reader, verifier, f"{where} verifier")
+    overrides = dataclasses.replace(
+        defaults,
         agent_timeout_sec=reader.number(agent, "timeout_sec", f"{where} agent", defaults.agent_timeout_sec),
         agent_user=reader.string(agent, "user", f"{where} agent") or defaults.agent_user,
         verifier_timeout_sec=reader.number(verifier, "timeout_sec", f"{where} verifier",
                                            defaults.verifier_timeout_sec),
         verifier_env={**defaults.verifier_env, **reader.str_dict(verifier, "env", f"{where} verifier")},
         verifier_user=reader.string(verifier, "user", f"{where} verifier") or defaults.verifier_user,
+        verifier_mode=harbor_fields.verifier_mode(reader, verifier, f"{where} verifier") or defaults.verifier_mode,
+        tests_network=defaults.tests_network if tests_network is None else tests_network,
+        collect=defaults.collect + harbor_fields.collect_hooks(reader, verifier, f"{where} verifier"),
     )
     min_reward = table.get("min_reward")
     if min_reward is not None and (isinstance(min_reward, bool) or not isinstance(min_reward, int | float)):
@@ -408,11 +446,9 @@ def _parse_step(task_dir: Path, reader: _Reader, index: int, table: dict[str, An
     tests_dirs = tuple(d for d in (task_dir / "tests", step_dir / "tests") if d.is_dir())
     if not any((d / "test.sh").is_file() for d in tests_dirs):
         raise TaskFormatError(f"{task_dir}: step {name!r} has no test.sh (in tests/ or steps/{name}/tests/)")
-    setup = step_dir / "setup.sh"
-    if setup.is_file():
-        check_inside(setup, task_dir.resolve())
-    step = _step(name, _read_text(step_dir / "instruction.md", task_dir), tests_dirs,
-                 _solution_dir(step_dir), setup if setup.is_file() else None, overrides,
+    setup = _step_setup(task_dir, step_dir, name)
+    step = _step(reader, f"{where} verifier", name, _read_text(step_dir / "instruction.md", task_dir), tests_dirs,
+                 _solution_dir(step_dir), setup, overrides,
                  None if min_reward is None else float(min_reward),
                  reader.boolean(table, "contributes_to_reward", where, True))
     return dataclasses.replace(step, workdir_dir=_step_workdir(task_dir, step_dir),
@@ -420,13 +456,31 @@ def _parse_step(task_dir: Path, reader: _Reader, index: int, table: dict[str, An
                                artifacts=_artifacts(reader, table, where))
 
 
-def _step(name: str, instruction: str, tests_dirs: tuple[Path, ...], solution_dir: Path | None,
-          setup_script: Path | None, settings: _StepDefaults, min_reward: float | None, contributes: bool) -> Step:
+def _step_setup(task_dir: Path, step_dir: Path, name: str) -> Path | None:
+    """The step's setup script: ``steps/<name>/setup.sh``, or ``steps/<name>/workdir/setup.sh`` where Harbor 0.25
+    keeps it (it is uploaded with the other workdir files, and also run, as root, from a copy of its own)."""
+    found = [path for path in (step_dir / "setup.sh", step_dir / "workdir" / "setup.sh") if path.is_file()]
+    if len(found) > 1:
+        raise TaskFormatError(f"{task_dir}: step {name!r} has two setup scripts, steps/{name}/setup.sh and "
+                              f"steps/{name}/workdir/setup.sh; keep one")
+    if not found:
+        return None
+    check_inside(found[0], task_dir.resolve())
+    return found[0]
+
+
+def _step(reader: _Reader, where: str, name: str, instruction: str, tests_dirs: tuple[Path, ...],
+          solution_dir: Path | None, setup_script: Path | None, settings: _StepDefaults, min_reward: float | None,
+          contributes: bool) -> Step:
+    tests_machine = harbor_fields.verifier_machine(reader, where, tests_dirs, settings.verifier_mode,
+                                                   settings.tests_network, settings.machine_network,
+                                                   settings.baseline_network)
     return Step(name=name, instruction=instruction, tests_dirs=tests_dirs, solution_dir=solution_dir,
                 setup_script=setup_script, agent_timeout_sec=settings.agent_timeout_sec,
                 agent_user=settings.agent_user, verifier_timeout_sec=settings.verifier_timeout_sec,
                 verifier_env=dict(settings.verifier_env), verifier_user=settings.verifier_user,
-                min_reward=min_reward, contributes_to_reward=contributes)
+                min_reward=min_reward, contributes_to_reward=contributes, collect=settings.collect,
+                tests_machine=tests_machine)
 
 
 def _step_workdir(task_dir: Path, step_dir: Path) -> Path | None:

@@ -58,6 +58,29 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class CollectHook:
+    """A ``[verifier] collect`` command: run in the agent's machine after its work on a step (its processes
+    killed), before the artifacts are copied out, so a task can snapshot state into files the artifacts take."""
+
+    command: str
+    timeout_sec: float
+    user: str | None  # None: root (the machine's default user)
+
+
+@dataclass(frozen=True)
+class VerifierMachine:
+    """``[verifier] environment_mode = "separate"``: the step's tests run in a machine of their own.
+
+    It starts from the image built from ``context_dir/Dockerfile`` (``steps/<name>/tests/`` or ``tests/``), or,
+    with no such Dockerfile, from the task's own image (a fresh machine, not the agent's). The agent's work
+    reaches it only as the step's collected artifacts, written there as data at their source paths.
+    """
+
+    context_dir: Path | None
+    allow_internet: bool
+
+
+@dataclass(frozen=True)
 class EnvironmentSpec:
     """How to build and size the task container (``[environment]`` plus ``environment/``)."""
 
@@ -69,7 +92,7 @@ class EnvironmentSpec:
     cpus: float
     memory_mb: int
     storage_mb: int
-    allow_internet: bool  # what the task asked for; False when it did not say
+    allow_internet: bool  # the agent's machine: what the task asked for (network_mode); False when it did not say
     base_packages_only: bool
     gpus: int = 0  # asked for, never provided
     tests_run_agent_code: bool = False  # the tests execute the agent's code: Docker only
@@ -98,6 +121,8 @@ class Step:
     workdir_dir: Path | None = None  # steps/<name>/workdir/: uploaded into the work directory before the step
     healthcheck: Healthcheck | None = None  # run after the step's setup, before the agent's turns
     artifacts: tuple[Artifact, ...] = ()  # collected after the agent's work on this step
+    collect: tuple[CollectHook, ...] = ()  # run before the artifacts are collected: the task's, then the step's
+    tests_machine: VerifierMachine | None = None  # environment_mode = "separate"; None: the tests run in the agent's
 
 
 @dataclass(frozen=True)
@@ -118,6 +143,13 @@ class HarborTask:
     artifacts: tuple[Artifact, ...] = ()  # task-level: collected after the agent's work on the last step reached
     reward_weights: dict[str, float] | None = None  # [metadata.skyrl] reward_weights (see .rewards)
     test_helpers: tuple[str, ...] = ()  # [metadata.skyrl] test_helpers: file names in TEST_HELPERS_DIR
+    version: str | None = None  # [task] version: the package's version (informational)
+    source: str | None = None  # top-level source: where the task came from (informational)
+
+    @property
+    def separate_tests(self) -> bool:
+        """Some step's tests run in a machine of their own (docker only)."""
+        return any(step.tests_machine is not None for step in self.steps)
 
     def test_files(self, step: Step) -> dict[str, bytes]:
         """The contents of ``/tests`` for ``step``: relative POSIX path -> bytes, layers merged.

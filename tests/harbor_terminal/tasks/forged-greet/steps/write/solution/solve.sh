@@ -1,0 +1,3 @@
+#!/bin/bash
+printf '#!/bin/bash\necho "Hi, $1."\n' > /app/greet.sh
+chmod +x /app/greet.sh

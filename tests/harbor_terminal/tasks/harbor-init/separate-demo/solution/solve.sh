@@ -1,0 +1,3 @@
+#!/bin/bash
+
+# Use this file to solve the task.

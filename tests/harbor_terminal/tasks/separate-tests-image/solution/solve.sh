@@ -1,0 +1,2 @@
+#!/bin/bash
+echo separate > /app/answer.txt
