@@ -89,10 +89,52 @@ def undocumented_hooks(module: ModuleType, project: str = "skyrl") -> list[str]:
             if not (inspect.getdoc(fn) or "").strip()]
 
 
-def hooks_page(module: ModuleType | None = None, project: str = "skyrl") -> str:
-    """The hook reference: the module's docstring, then each hookspec's name, signature and docstring."""
+def protocol_classes(*modules: ModuleType) -> list[type]:
+    """The :class:`typing.Protocol` classes the modules define, in source order."""
+    found = [cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass)
+             if cls.__module__ == module.__name__ and getattr(cls, "_is_protocol", False)]
+    return sorted(found, key=lambda cls: (cls.__module__, inspect.getsourcelines(cls)[1]))
+
+
+def protocol_members(cls: type) -> list[tuple[str, str, str]]:
+    """``(name, declaration, docstring)`` of each member a protocol declares: its attributes, then its methods."""
+    members = [(name, f"{name}: {annotation}", "") for name, annotation in cls.__dict__.get("__annotations__", {}).items()]
+    for name, fn in cls.__dict__.items():
+        if inspect.isfunction(fn) and not name.startswith("_"):
+            prefix = "async def" if inspect.iscoroutinefunction(fn) else "def"
+            members.append((name, f"{prefix} {name}{signature_text(fn)}", inspect.getdoc(fn) or ""))
+    return members
+
+
+def contracts_section(classes: list[type]) -> list[str]:
+    """The protocols between components (engine, generator, trainer) as Markdown lines for the hook reference."""
+    out = ["## Contracts between components {#contracts}", "",
+           "What core and trainers need of the components plugins register, as `typing.Protocol` classes: a class "
+           "satisfies one by having its members, not by subclassing it. An engine's optional capabilities are "
+           "protocols of their own, checked with `isinstance` where they are used.", "",
+           "| protocol | first line |", "|---|---|"]
+    for cls in classes:
+        first = (inspect.getdoc(cls) or "").strip().split("\n\n")[0].replace("\n", " ")
+        out.append(f"| [`{cls.__module__}.{cls.__name__}`](#{cls.__name__}) | {_cell(docstring_markdown(first))} |")
+    out.append("")
+    for cls in classes:
+        out += [f"### `{cls.__name__}` {{#{cls.__name__}}}", "", f"`{cls.__module__}.{cls.__name__}`", "",
+                docstring_markdown(inspect.getdoc(cls) or "*(no docstring)*"), ""]
+        for _, declaration, doc in protocol_members(cls):
+            out += ["```python", declaration, "```", ""] + ([docstring_markdown(doc), ""] if doc else [])
+    return out
+
+
+def hooks_page(module: ModuleType | None = None, project: str = "skyrl", contracts: list[type] | None = None) -> str:
+    """The hook reference: the module's docstring, then each hookspec's name, signature and docstring, then the
+    protocols between components (``contracts``; by default those of ``skyrl_core.engine`` and
+    ``skyrl_core.protocols``)."""
     if module is None:
         from skyrl_core import hookspecs as module  # noqa: PLC0415 - the installed hookspecs by default
+    if contracts is None:
+        from skyrl_core import engine, protocols  # noqa: PLC0415 - the installed ones
+
+        contracts = protocol_classes(engine, protocols)
     specs = hookspecs(module, project)
     out = ["# Hooks", "",
            f"Generated from `{module.__name__}` when the site is built: every hook a plugin can implement, "
@@ -109,6 +151,7 @@ def hooks_page(module: ModuleType | None = None, project: str = "skyrl") -> str:
         out += [f"## `{fn.__name__}` {{#{fn.__name__}}}", "", "```python",
                 f"def {fn.__name__}{signature_text(fn)}", "```", "",
                 docstring_markdown(inspect.getdoc(fn) or "*(no docstring)*"), ""]
+    out += contracts_section(contracts)
     return "\n".join(out)
 
 

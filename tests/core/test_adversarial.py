@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 import pytest
 from skyrl_core import EnvConfig, StepResult, TextEnv
-from skyrl_core.testing import Probe, RewardHackError, check_adversarial
+from skyrl_core.probe import Probe
+from skyrl_core.testing import RewardHackError, check_adversarial
 from skyrl_core.testing.adversarial import GENERIC_PROBES, QUICK_PROBES, near_miss
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

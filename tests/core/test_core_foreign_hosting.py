@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 
 import pytest
 from skyrl_core import EnvConfig, EnvSpec, StepResult, TextEnv, hookimpl
-from skyrl_core.generator import reset_env
 from skyrl_core.testing import check_env
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -40,7 +39,7 @@ def test_an_async_prompt_is_awaited_on_the_callers_loop_and_also_serves_sync_res
     env = AsyncSetup(task=TASKS[0])
 
     async def generator_side() -> tuple[Any, int]:
-        return await reset_env(env, seed=0, options={"task": TASKS[0]}), id(asyncio.get_running_loop())
+        return await env.areset(seed=0, options={"task": TASKS[0]}), id(asyncio.get_running_loop())
 
     AsyncSetup.loops.clear()
     (prompt, info), loop = asyncio.run(generator_side())

@@ -14,6 +14,8 @@ import core_envs
 import pytest
 from core_envs import CountdownEnv, TestEnvsPlugin
 from skyrl_core import EnvSpec, StepResult, hookimpl, ray_cluster
+from skyrl_core.env import EpisodeEnv
+from skyrl_core.env_pool import RayEnvPool, RemoteEnv
 from skyrl_core.factory import ConfigError
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_core.testing.scripted_engine import GatedEngine, ScriptedEngine
@@ -109,6 +111,27 @@ async def test_remote_envs_play_exactly_the_episodes_local_envs_play(tokenizer):
     assert [t.metrics["turns_seen"] for t in remote.trajectories] == [t.metrics["turns_seen"] for t in local.trajectories]
     assert remote.metrics["ray/env_workers"] == 3.0  # 8 episodes, 3 envs per worker
     assert remote.metrics["ray/episodes_retried"] == 0.0 and remote.metrics["ray/workers_lost"] == 0.0
+
+
+async def play(env: EpisodeEnv, actions: list[str]) -> tuple[Any, ...]:
+    """One episode through the interface the generator plays every env through, wherever the env runs."""
+    prompt, info = await env.areset(seed=0, options={"task": TASKS[1]})
+    steps = [await env.astep(action) for action in actions]
+    node = env.node_id
+    return prompt, info, steps, await env.afinish(), node
+
+
+async def test_a_local_and_a_ray_hosted_env_play_one_episode_alike_through_one_interface():
+    config = CountdownEnv.config_class(max_turns=3)
+    local = await play(CountdownEnv(task=TASKS[1], config=config), ["again", "done"])
+    pool = RayEnvPool(CountdownEnv, config, envs_per_worker=1, max_workers=1)
+    try:
+        remote = await play(RemoteEnv(pool, TASKS[1]), ["again", "done"])
+    finally:
+        pool.close()
+    assert remote[:4] == local[:4]
+    assert local[2][-1].terminated and local[3] == {"turns_seen": 2.0}
+    assert local[4] is None and remote[4] == ray.get_runtime_context().get_node_id()
 
 
 async def test_sub_calls_of_a_remote_env_are_answered_by_the_generator(tokenizer):

@@ -28,7 +28,7 @@ from skyrl_core.engine import SamplingParams
 from skyrl_tinker.app import ServerConfig, build_service
 from skyrl_tinker.local import LocalServer
 from skyrl_tinker.sampler import vllm_sampler_config
-from skyrl_tinker.service import MAX_TOPK
+from skyrl_tinker.service.sampling import MAX_TOPK
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
 from skyrl_trainers.engines.sampling import RowParams, sample_next
 from skyrl_trainers.engines.vllm import VLLMEngine, VLLMUnavailableError, read_prompt_logprobs

@@ -110,8 +110,8 @@ def test_the_trainer_seeds_each_step_from_the_run_seed_and_the_step(run_config, 
 
 
 def samples_by_step(run_dir: Path):
-    return sorted((t.metrics["train_step"], t.group_id, t.sample_index, tuple(t.response_ids), t.reward)
-                  for t in TrajectoryBatch.from_jsonl(run_dir / "samples.jsonl"))
+    return sorted((t.metrics["train_step"], t.group_id, t.sample_index, tuple(t.response_ids), t.reward,
+                   tuple(t.policy_versions)) for t in TrajectoryBatch.from_jsonl(run_dir / "samples.jsonl"))
 
 
 def test_a_resumed_run_replays_the_uninterrupted_run(run_config, extra_envs, tmp_path):
@@ -129,6 +129,8 @@ def test_a_resumed_run_replays_the_uninterrupted_run(run_config, extra_envs, tmp
     a, b = samples_by_step(tmp_path / "straight"), samples_by_step(tmp_path / "split")
     assert {s[0] for s in a} == {1.0, 2.0, 3.0, 4.0}
     assert a == b
+    # policy versions count steps trained, though the resumed run's engine counts its weight loads from 0 again
+    assert {(s[0], v) for s in b for v in s[-1] if v >= 0} == {(step, step - 1) for step in (1.0, 2.0, 3.0, 4.0)}
     ra, rb = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
     assert [r["step"] for r in ra] == [r["step"] for r in rb] == [1, 2, 3, 4]
     for key in ("reward/mean", "rollout/response_tokens_mean", "train/loss", "train/grad_norm"):

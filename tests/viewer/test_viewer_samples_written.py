@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from skyrl_core.trajectory import Trajectory, read_jsonl
 
-trainer = pytest.importorskip("skyrl_trainers.trainer")
-config = pytest.importorskip("skyrl_trainers.config")
+samples = pytest.importorskip("skyrl_trainers.samples")
+credit = pytest.importorskip("skyrl_trainers.credit")
 
 
 def episode(id_: str, group: str, reward: float, parent: Trajectory | None = None, **fields) -> Trajectory:
@@ -18,9 +16,8 @@ def episode(id_: str, group: str, reward: float, parent: Trajectory | None = Non
 
 
 def write(tmp_path, trajectories: list[Trajectory], samples_per_step: int) -> list[Trajectory]:
-    cfg = config.FSDPGRPOConfig(model="tiny-random", samples_per_step=samples_per_step)
-    loop = SimpleNamespace(cfg=cfg, run_folder=SimpleNamespace(samples=tmp_path / "samples.jsonl"))
-    trainer._StepLoop.write_samples(loop, 7, trajectories)
+    advantages = credit.assign_advantages(trajectories)  # the trainer's defaults: grpo, child_advantage=inherit
+    samples.write_samples(tmp_path / "samples.jsonl", 7, trajectories, advantages, samples_per_step)
     return list(read_jsonl(tmp_path / "samples.jsonl")) if (tmp_path / "samples.jsonl").exists() else []
 
 

@@ -19,7 +19,7 @@ _EXPORTS = {
     "RewardFn": "rewards", "Rubric": "rewards",
     "Turn": "trajectory", "Trajectory": "trajectory", "TrajectoryBatch": "trajectory",
     "InferenceEngine": "engine", "SamplingParams": "engine", "GenerateOutput": "engine",
-    "EngineError": "engine",
+    "EngineError": "engine", "Generator": "protocols", "Trainer": "protocols",
     "MultiTurnGenerator": "generator", "GeneratorConfig": "generator",
     "ChatRenderer": "chat",
     "get_plugin_manager": "plugins", "get_registry": "plugins",
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from skyrl_core.factory import ConfigError, make_env
     from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
     from skyrl_core.plugins import get_plugin_manager, get_registry
+    from skyrl_core.protocols import Generator, Trainer
     from skyrl_core.registry import (
         ComponentSpec,
         EngineSpec,

@@ -667,16 +667,14 @@ def run_command(
     """
     from skyrl_core.data import DataError
     from skyrl_core.engine import EngineError
-    from skyrl_core.factory import ConfigError
+    from skyrl_core.factory import ConfigError, trainer_class
 
-    registry = get_plugin_manager().registry
     try:
         cfg = _run_config(env, trainer, model, config_file, resume, overrides)
         if print_config:
             _echo_config(cfg)
             return
-        trainer_cls = registry.get("trainer", str(cfg.trainer_id)).load()
-        summary = trainer_cls(cfg).fit()
+        summary = trainer_class(str(cfg.trainer_id))(cfg).fit()
     except (ConfigError, RegistryError, DataError, EngineError) as exc:
         raise _fail(str(exc)) from None
     from rich.console import Console

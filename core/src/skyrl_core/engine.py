@@ -79,5 +79,56 @@ class InferenceEngine(Protocol):
         ...
 
 
+# -- optional capabilities: what a trainer uses where the engine has it (checked with isinstance) -----------
+
+
+@runtime_checkable
+class TokenizingEngine(Protocol):
+    """An engine that carries the tokenizer of its model (``hf``, ``vllm``; ``openai`` when it knows one, else
+    ``None``). A trainer builds its prompts with it."""
+
+    tokenizer: Any
+
+
+@runtime_checkable
+class ClosableEngine(Protocol):
+    """An engine that holds something to release (a model on a GPU, a child process, Ray actors)."""
+
+    def close(self) -> None:
+        """Free what the engine holds; it generates no more."""
+        ...
+
+
+@runtime_checkable
+class SleepableEngine(Protocol):
+    """An engine that can free its GPU memory while the trainer trains (vLLM's sleep mode)."""
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free GPU memory: level 1 offloads the weights to the CPU and drops the KV cache, level 2 drops both."""
+        ...
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take the memory back, ``tags`` (``"weights"``, ``"kv_cache"``) only, or all of it."""
+        ...
+
+
+@runtime_checkable
+class MemoryReleasingEngine(Protocol):
+    """An engine with caches that go stale when its weights change (the ``hf`` engine's packed weights)."""
+
+    async def release_memory(self) -> None:
+        """Drop those caches (they are rebuilt on the next ``generate``)."""
+        ...
+
+
+@runtime_checkable
+class ReportingEngine(Protocol):
+    """An engine that reports about itself for each training step's metrics (e.g. requests per replica)."""
+
+    def engine_metrics(self) -> Mapping[str, float]:
+        """Flat ``{"engine/<name>": value}`` numbers, logged with the step."""
+        ...
+
+
 class EngineError(RuntimeError):
     """An engine could not produce a completion (after its retries)."""

@@ -20,7 +20,7 @@ import string
 import threading
 import traceback
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import gymnasium
 from gymnasium import spaces
@@ -74,6 +74,28 @@ class StepResult(NamedTuple):
     terminated: bool
     truncated: bool
     info: dict[str, Any]
+
+
+class EpisodeEnv(Protocol):
+    """What a generator plays one episode through: a :class:`TextEnv` in its own process, or a
+    :class:`~skyrl_core.env_pool.RemoteEnv` standing in for one on a Ray env worker.
+
+    One episode is ``areset`` once, ``astep`` until it ends, then ``afinish`` once, whatever happened.
+    """
+
+    @property
+    def node_id(self) -> str | None:
+        """The Ray node the env runs on when that is an env worker's (``Trajectory.env_node``); ``None`` here."""
+        ...
+
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]: ...
+
+    async def astep(self, action: str) -> StepResult: ...
+
+    async def afinish(self) -> dict[str, float]:
+        """The episode's metrics (``get_metrics()`` as floats), then close the env; never raises."""
+        ...
 
 
 class EnvConfig(BaseModel):
@@ -130,6 +152,8 @@ class TextEnv(gymnasium.Env):
     dataset_option: ClassVar[str | None] = None
     """The config field that names a dataset to read (a path), if the env has one: ``skyrl check ENV --dataset
     PATH`` sets it and reports every task of that dataset."""
+    node_id: ClassVar[str | None] = None
+    """:class:`EpisodeEnv`'s node: none, a TextEnv runs in the process that plays it."""
 
     def __init__(self, task: Mapping[str, Any] | None = None,
                  config: EnvConfig | Mapping[str, Any] | None = None) -> None:
@@ -365,6 +389,13 @@ class TextEnv(gymnasium.Env):
         self.done = bool(terminated or truncated)
         self.episode_reward += float(reward)
         return StepResult(list(obs), float(reward), bool(terminated), bool(truncated), info)
+
+    async def afinish(self) -> dict[str, float]:
+        """End the episode for a generator (:class:`EpisodeEnv`): :meth:`get_metrics`, then :meth:`close` on a
+        worker thread; what either raises is logged, never passed on. Envs override those two, not this."""
+        metrics = env_metrics(self)
+        await asyncio.to_thread(close_env, self)
+        return metrics
 
     def _failed(self, exc: BaseException) -> StepResult:
         self.done = True

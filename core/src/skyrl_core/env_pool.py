@@ -291,7 +291,8 @@ class RayEnvPool:
 
 
 class RemoteEnv:
-    """Stands in, in the generator, for one env that lives in a worker of a :class:`RayEnvPool`.
+    """Stands in, in the generator, for one env that lives in a worker of a :class:`RayEnvPool`: the same
+    :class:`~skyrl_core.env.EpisodeEnv` as a local env, each call made on the worker.
 
     Set ``subcall_handler`` (as on the env itself) to answer the env's sub-calls here; the env's steps
     then pause at each sub-call until the handler's answer is sent back.

@@ -1,10 +1,10 @@
 """The Ray actor that hosts envs for a generator elsewhere (``generator.env_placement=ray``).
 
 An :class:`EnvWorker` holds up to ``envs_per_worker`` live envs of one class, each under a key the
-generator chose, and does only what the env does: ``reset``, ``step``, metrics and ``close``. The token
-stream and every engine call stay with the generator. An env that makes sub-calls (the RLM's
-``llm_query``/``rlm_query``) gets a handler that does not answer them here: a step returns either its
-result or the next sub-call, ``("call", id, method, params)``, and the generator answers it with
+generator chose, and does only what the env does: ``areset``, ``astep`` and ``afinish`` (metrics, then
+close). The token stream and every engine call stay with the generator. An env that makes sub-calls (the
+RLM's ``llm_query``/``rlm_query``) gets a handler that does not answer them here: a step returns either
+its result or the next sub-call, ``("call", id, method, params)``, and the generator answers it with
 :meth:`EnvWorker.answer`, which resumes the step. The worker sweeps its node's orphans when it starts.
 """
 
@@ -15,7 +15,7 @@ import itertools
 import os
 from typing import Any
 
-from skyrl_core.env import StepResult, TextEnv, close_env, env_metrics
+from skyrl_core.env import StepResult, TextEnv
 
 #: What :meth:`EnvWorker.step` and :meth:`EnvWorker.answer` return: ``("step", StepResult)`` once the
 #: step is done, or ``("call", call_id, method, params)`` for a sub-call the generator must answer.
@@ -99,9 +99,7 @@ class EnvWorker:
             return {}
         if hosted.step is not None and not hosted.step.done():  # the generator gave up on it (a failed sub-call)
             hosted.step.cancel()
-        metrics = env_metrics(hosted.env)
-        await asyncio.to_thread(close_env, hosted.env)
-        return metrics
+        return await hosted.env.afinish()
 
     def live(self) -> int:
         return len(self.envs)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from skyrl_core.env import EnvConfig, TextEnv
 from skyrl_core.plugins import get_registry
+from skyrl_core.protocols import Generator, Trainer
 from skyrl_core.registry import Kind, Registry, RegistryError, did_you_mean
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -76,9 +79,24 @@ def config_fields(kind: Kind, id: str, registry: Registry | None = None) -> set[
 
 
 def env_class(env_id: str, registry: Registry | None = None) -> type[TextEnv]:
-    cls = (registry or get_registry()).get("env", env_id).load()
-    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
-        raise RegistryError(f"env {env_id!r} entry point is {cls!r}, not a TextEnv subclass")
+    return _loaded_class("env", env_id, TextEnv, "a TextEnv subclass", registry)
+
+
+def generator_class(generator_id: str, registry: Registry | None = None) -> type[Generator]:
+    """The class of generator ``generator_id``, checked against the :class:`~skyrl_core.protocols.Generator`
+    protocol."""
+    return _loaded_class("generator", generator_id, Generator, "a Generator (generate and close)", registry)
+
+
+def trainer_class(trainer_id: str, registry: Registry | None = None) -> type[Trainer]:
+    """The class of trainer ``trainer_id``, checked against the :class:`~skyrl_core.protocols.Trainer` protocol."""
+    return _loaded_class("trainer", trainer_id, Trainer, "a Trainer (fit)", registry)
+
+
+def _loaded_class(kind: Kind, id: str, base: type[T], what: str, registry: Registry | None) -> type[T]:
+    cls = (registry or get_registry()).get(kind, id).load()
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise RegistryError(f"{kind} {id!r} entry point is {cls!r}, not {what}")
     return cls
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skyrl_core.chat import ChatRenderer, ChatTokenizer
 from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
-from skyrl_core.env import EnvConfig, TextEnv, close_env, env_metrics
+from skyrl_core.env import EnvConfig, EpisodeEnv
 from skyrl_core.env_pool import WORKER_LOST, RemoteEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.plugins import get_plugin_manager, get_registry
@@ -227,7 +227,7 @@ class MultiTurnGenerator:
         get_plugin_manager().hook.on_rollout_end(trajectory=trajectory)
         return trajectory, retries
 
-    def new_env(self, task: Mapping[str, Any]) -> TextEnv | RemoteEnv:
+    def new_env(self, task: Mapping[str, Any]) -> EpisodeEnv:
         """A local env for ``task``, or (``env_placement=ray``) its stand-in on an env worker."""
         pool = self.env_pool
         if pool is not None:
@@ -237,11 +237,11 @@ class MultiTurnGenerator:
     async def run_episode(self, trajectory: Trajectory) -> Trajectory:
         """Fill ``trajectory`` by playing one episode; never raises."""
         started = time.perf_counter()
-        env: TextEnv | RemoteEnv | None = None
+        env: EpisodeEnv | None = None
         try:
             env = self.new_env(trajectory.task)
             seed = self.config.seed + trajectory.sample_index
-            messages, info = await reset_env(env, seed=seed, options={"task": trajectory.task})
+            messages, info = await env.areset(seed=seed, options={"task": trajectory.task})
             trajectory.messages = list(messages)
             trajectory.reward_ceiling = _ceiling(info)
             await self._play(env, trajectory)
@@ -257,13 +257,13 @@ class MultiTurnGenerator:
                             trajectory.error, traceback.format_exc())
         finally:
             if env is not None:
-                trajectory.env_node = getattr(env, "node_id", None)
-                trajectory.metrics.update(await finish_env(env))
+                trajectory.env_node = env.node_id
+                trajectory.metrics.update(await env.afinish())
         trajectory.reward = sum(t.reward for t in trajectory.turns)
         trajectory.metrics.setdefault("episode_seconds", time.perf_counter() - started)
         return trajectory
 
-    async def _play(self, env: TextEnv | RemoteEnv, traj: Trajectory) -> None:
+    async def _play(self, env: EpisodeEnv, traj: Trajectory) -> None:
         c = self.config
         traj.prompt_ids = self.renderer.prompt_ids(traj.messages)
         if len(traj.prompt_ids) >= c.max_context_length:
@@ -362,21 +362,6 @@ def _end_reason(terminated: bool, info: Mapping[str, Any]) -> str:
     if info.get("error"):
         return "env_error"
     return "terminated" if terminated else "truncated"
-
-
-async def reset_env(env: TextEnv | RemoteEnv, *, seed: int | None,
-                    options: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, Any]]:
-    """``env.areset`` (a local env's runs its sync ``reset`` in a worker thread; a remote one's, on its env worker)."""
-    return await env.areset(seed=seed, options=options)
-
-
-async def finish_env(env: TextEnv | RemoteEnv) -> dict[str, float]:
-    """The env's metrics, then close it (on its worker for a remote env); never raises."""
-    if isinstance(env, RemoteEnv):
-        return await env.afinish()
-    metrics = env_metrics(env)
-    await asyncio.to_thread(close_env, env)
-    return metrics
 
 
 def drop_lost_groups(episodes: Sequence[Trajectory], max_retries: int) -> int:

@@ -24,8 +24,8 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
+    from skyrl_core.probe import Probe
     from skyrl_core.registry import ComponentSpec
-    from skyrl_core.testing.probe import Probe
     from skyrl_core.trajectory import Trajectory
 
 hookspec = pluggy.HookspecMarker("skyrl")
@@ -74,7 +74,7 @@ def register_inference_engines(register: Register) -> None:
 
 @hookspec
 def register_probes(register: Callable[[Probe], None]) -> None:
-    """Register adversarial probes (``skyrl_core.testing.adversarial.Probe``) for ``skyrl check --adversarial``.
+    """Register adversarial probes (:class:`skyrl_core.probe.Probe`) for ``skyrl check --adversarial``.
 
     Fires once per plugin the first time the checker runs. Call ``register(Probe(..., env="my_env"))``
     for each hostile scripted policy that only this plugin can write (a background process left

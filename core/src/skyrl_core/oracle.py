@@ -123,8 +123,6 @@ async def play_gold(env_cls: type[TextEnv], config: EnvConfig | Mapping[str, Any
 
 async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any], index: int,
                    seed: int) -> OracleResult:
-    from skyrl_core.env import close_env, env_metrics
-
     result = OracleResult(task_name(row, index), index)
     env: TextEnv | None = None
     try:
@@ -151,6 +149,5 @@ async def _episode(env_cls: type[TextEnv], config: EnvConfig, row: dict[str, Any
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         if env is not None:
-            result.metrics = env_metrics(env)
-            await asyncio.to_thread(close_env, env)
+            result.metrics = await env.afinish()
     return result

@@ -235,7 +235,7 @@ class PluginManager(pluggy.PluginManager):
     def probes(self) -> list[Any]:
         """Every plugin's adversarial probes (``register_probes``), in registration order; a plugin whose hook
         raises is reported and unregistered, like a failing ``register_*`` hook."""
-        from skyrl_core.testing.probe import Probe
+        from skyrl_core.probe import Probe
 
         found: list[Any] = []
         for impl in reversed(self.hook.register_probes.get_hookimpls()):
@@ -244,7 +244,7 @@ class PluginManager(pluggy.PluginManager):
             def register(probe: Any, _provider: Provider = provider) -> None:
                 if not isinstance(probe, Probe):
                     raise RegistryError(f"{_provider.name}: register_probes got a {type(probe).__name__}; "
-                                        "expected a skyrl_core.testing.adversarial.Probe")
+                                        "expected a skyrl_core.probe.Probe")
                 found.append(probe)
 
             try:

@@ -40,7 +40,9 @@ from skyrl_tinker.futures import FutureStore
 from skyrl_tinker.routes import ROUTERS
 from skyrl_tinker.sampler import Sampler, SamplingEngine, build_sampler_engine
 from skyrl_tinker.seeds import ServerSeeds
-from skyrl_tinker.service import MAX_TOPK, RequestError, TinkerService
+from skyrl_tinker.service import TinkerService
+from skyrl_tinker.service.sampling import MAX_TOPK
+from skyrl_tinker.service.state import RequestError
 from skyrl_tinker.sessions import SessionRegistry
 from skyrl_tinker.tenants import tenant_of
 from skyrl_tinker.wire import WireError

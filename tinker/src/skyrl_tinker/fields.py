@@ -138,6 +138,13 @@ def integers(values: list[Any], where: str) -> list[int]:
     return [check_int(v, f"{where}[{i}]") for i, v in enumerate(values)]
 
 
+def at_most(items: list[Any], most: int, name: str) -> list[Any]:
+    """``items`` if there are at most ``most`` (work per request stays bounded whatever the body's size)."""
+    if len(items) > most:
+        raise FieldError(f"{name} may hold at most {most} entries, got {len(items)}")
+    return items
+
+
 def _range(lo: float, hi: float, above: bool = False) -> str:
     if lo == INT64_MIN and hi == INT64_MAX:
         return "an int64"

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from skyrl_core.config import ResolvedConfig
+from skyrl_core.engine import ClosableEngine, ReportingEngine, SleepableEngine, TokenizingEngine
 from skyrl_core.factory import ConfigError
 from skyrl_core.plugins import get_registry
 
@@ -42,7 +43,7 @@ def engine_config_for_policy(config: ResolvedConfig, seed: int | None = None) ->
         update["seed"] = seed
     if "in_flight_updates" in fields and "in_flight_updates" not in chosen and config.trainer.mode != "sync":
         update["in_flight_updates"] = "keep"
-    precision = getattr(config.trainer, "precision", "auto")
+    precision = config.trainer.precision
     if "packed_dtype" in fields and "packed_dtype" not in chosen and precision != "auto":
         update["packed_dtype"] = "bfloat16" if precision == "bf16" else "float32"  # sample as the trainer trains
     return engine_cfg.model_copy(update=update)
@@ -54,8 +55,8 @@ def engine_class(config: ResolvedConfig) -> Any:
 
 def check_engine_placement(config: ResolvedConfig) -> None:
     """Refuse ``engine.replicas`` > 1 unless ``trainer.engine_placement=ray`` (each replica is a Ray actor)."""
-    replicas = getattr(config.engine, "replicas", 1)
-    placement = getattr(config.trainer, "engine_placement", "in_process")
+    replicas = getattr(config.engine, "replicas", 1)  # an engine option: only some engines have it
+    placement = config.trainer.engine_placement
     if replicas > 1 and placement != "ray":
         raise ConfigError(f"engine.replicas={replicas} runs each engine replica as a Ray actor, but "
                           f"trainer.engine_placement={placement}; set trainer.engine_placement=ray "
@@ -63,10 +64,9 @@ def check_engine_placement(config: ResolvedConfig) -> None:
 
 
 def engine_metrics(engine: Any) -> dict[str, float]:
-    """What the engine reports about itself for the step's metrics (``engine_metrics()`` where it has one,
-    e.g. requests per replica), else ``{}``."""
-    report = getattr(engine, "engine_metrics", None)
-    return dict(report()) if callable(report) else {}
+    """What the engine reports about itself for the step's metrics (a :class:`ReportingEngine`'s
+    ``engine_metrics()``, e.g. requests per replica), else ``{}``."""
+    return dict(engine.engine_metrics()) if isinstance(engine, ReportingEngine) else {}
 
 
 def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = None) -> tuple[Any, Any]:
@@ -74,7 +74,7 @@ def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = 
     ``worker``'s weights when one is given (see :func:`shared_engine`)."""
     check_engine_placement(config)
     cls, engine_cfg = engine_class(config), engine_config_for_policy(config, seed)
-    placement = getattr(config.trainer, "engine_placement", "in_process")
+    placement = config.trainer.engine_placement
     if placement != "in_process" and worker is not None:
         raise ConfigError(f"trainer.engine_placement={placement} cannot share the trainer's weights; "
                           "build the engine without a worker")
@@ -88,16 +88,16 @@ def build_engine(config: ResolvedConfig, seed: int | None = None, worker: Any = 
 
         cfg, replicas = config.trainer, getattr(engine_cfg, "replicas", 1)
         # joins a Ray that is already running (e.g. the one run.ray_address connected), else this address
-        options = {"address": getattr(cfg, "ray_address", None) or getattr(config.run, "ray_address", None),
+        options = {"address": cfg.ray_address or config.run.ray_address,
                    "num_gpus": _engine_gpus(engine_cfg),
                    "num_cpus": max(os.cpu_count() or 1, cfg.world_size + replicas)}  # room for backend=ray ranks
         engine = (RayEngineReplicas(cls, engine_cfg, replicas, **options) if replicas > 1
                   else RayEngine(cls, engine_cfg, **options))
     else:
         engine = shared_engine(worker, engine_cfg, cls) if worker is not None else cls(engine_cfg)
-    tokenizer = getattr(engine, "tokenizer", None)
+    tokenizer = engine.tokenizer if isinstance(engine, TokenizingEngine) else None
     if tokenizer is None:
-        if hasattr(engine, "close"):
+        if isinstance(engine, ClosableEngine):
             engine.close()
         raise ConfigError(f"engine {config.engine_id!r} exposes no tokenizer; the trainer needs one to build prompts")
     return engine, tokenizer
@@ -122,8 +122,8 @@ def _engine_on_cuda(engine_cfg: Any) -> bool:
 def sleeps_between_rollouts(engine: Any) -> bool:
     """True for an engine that can free its GPU memory while the trainer runs (vLLM with
     ``engine.enable_sleep_mode=true``): it is put to sleep after each rollout and woken for the weight sync."""
-    config = getattr(engine, "config", None)
-    return bool(getattr(config, "enable_sleep_mode", False)) and hasattr(engine, "sleep") and hasattr(engine, "wake_up")
+    config = getattr(engine, "config", None)  # the engine's own options: only vLLM's have enable_sleep_mode
+    return isinstance(engine, SleepableEngine) and bool(getattr(config, "enable_sleep_mode", False))
 
 
 def can_share_weights(config: ResolvedConfig, engine_cls: Any) -> bool:
@@ -137,7 +137,7 @@ def can_share_weights(config: ResolvedConfig, engine_cls: Any) -> bool:
     from skyrl_trainers.worker import resolve_device as trainer_device
 
     cfg, engine_cfg = config.trainer, config.engine
-    if getattr(cfg, "engine_placement", "in_process") != "in_process" or getattr(cfg, "mode", "sync") != "sync":
+    if cfg.engine_placement != "in_process" or cfg.mode != "sync":
         return False
     if cfg.world_size != 1 or cfg.backend != "local" or not (isinstance(engine_cls, type) and issubclass(engine_cls, HFEngine)):
         return False

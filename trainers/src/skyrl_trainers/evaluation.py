@@ -22,10 +22,11 @@ from typing import Any
 
 from skyrl_core.config import ResolvedConfig
 from skyrl_core.data import DataError
-from skyrl_core.factory import ConfigError
+from skyrl_core.factory import ConfigError, generator_class
 from skyrl_core.generator import request_seed
 from skyrl_core.held_out import eval_summary, held_out_metrics, held_out_split
 from skyrl_core.plugins import get_registry
+from skyrl_core.protocols import Generator
 
 from skyrl_trainers.data import load_training_tasks
 from skyrl_trainers.seeding import accepts_seed
@@ -75,7 +76,7 @@ class HeldOutEval:
                                 "trainer.eval_samples=0") from None
             self.tasks = spread(rows, cfg.eval_samples)
         self.generator_config = self._generator_config() if self.tasks else None
-        self.generator: Any = None
+        self.generator: Generator | None = None
         self.seed: dict[str, int] = {}
         self.records: list[tuple[int, dict[str, float]]] = []
 
@@ -102,15 +103,14 @@ class HeldOutEval:
         if not self.tasks:
             return
         config = self.config
-        self.generator = get_registry().get("generator", config.generator_id).load()(
+        self.generator = generator_class(config.generator_id)(
             self.generator_config, engine=engine, tokenizer=tokenizer, env_id=config.env_id, env_config=config.env)
         self.seed = {"seed": request_seed(config.run.seed, "eval")} if accepts_seed(self.generator) else {}
 
     def close(self) -> None:
         """Release what the evaluation's generator holds (its env workers on Ray, where placed there)."""
-        close = getattr(self.generator, "close", None)
-        if callable(close):
-            close()
+        if self.generator is not None:
+            self.generator.close()
 
     def load_history(self, metrics_path: str | Path) -> None:
         """Earlier evaluations of a resumed run (its ``metrics.jsonl``), so the summary starts at step 0."""
@@ -131,6 +131,7 @@ class HeldOutEval:
     async def run(self, step: int) -> dict[str, float]:
         """Play the evaluation on the engine's current weights; its ``eval/*`` metrics."""
         started = time.perf_counter()
+        assert self.generator is not None  # built by attach(), before any evaluation is due
         batch = await self.generator.generate(self.tasks, **self.seed)
         metrics = held_out_metrics(batch, self.reward_range)
         metrics["eval/seconds"] = time.perf_counter() - started

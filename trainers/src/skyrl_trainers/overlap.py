@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyrl_core.config import ResolvedConfig
+from skyrl_core.engine import InferenceEngine
 from skyrl_core.factory import ConfigError
 from skyrl_core.generator import request_seed
 from skyrl_core.trajectory import Trajectory, TrajectoryBatch
@@ -55,15 +56,10 @@ def check_mode(config: ResolvedConfig, engine_cls: Any) -> None:
         raise ConfigError(f"trainer.mode={cfg.mode} generates while the trainer trains, but engine.enable_sleep_mode="
                           "true frees the engine's memory for training between rollouts; turn sleep mode off "
                           "(and give the engine its own memory) or use trainer.mode=sync")
-    frozen = getattr(engine_cls, "supports_weight_updates", True) is False or not callable(
-        getattr(engine_cls, "update_weights", None))
-    try:
-        from skyrl_core.engines.openai import OpenAIEngine
+    from skyrl_core.engines.openai import OpenAIEngine  # its update_weights refuses: the server owns the weights
 
-        frozen = frozen or (isinstance(engine_cls, type) and issubclass(engine_cls, OpenAIEngine))
-    except ImportError:  # pragma: no cover - core always ships it
-        pass
-    if frozen:
+    takes_updates = isinstance(engine_cls, type) and issubclass(engine_cls, InferenceEngine)
+    if not takes_updates or issubclass(engine_cls, OpenAIEngine):
         raise ConfigError(f"trainer.mode={cfg.mode} pushes every new policy version into the engine while it "
                           f"generates, but engine {config.engine_id!r} cannot take weight updates; use the hf or "
                           "vllm engine")
@@ -83,7 +79,7 @@ class _Overlapped:
         self.resumed: dict[str, Any] = resumed.get("async") or {}
         self.trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         self.clock = IdleClock()
-        self.versions: PolicyVersions | None = None
+        self.versions: PolicyVersions = steps.versions  # the run's: set before any loop starts
         self.version = 0
         self.tokens_generated = 0  # by every generate call so far (groups later dropped included)
 
@@ -97,17 +93,14 @@ class _Overlapped:
     async def generate(self, tasks: list[dict[str, Any]], key: str) -> TrajectoryBatch:
         self.clock.begin()
         try:
-            batch = await self.generator.generate(tasks, **self.seeded(key))
+            batch = await self.versions.generate(self.generator, tasks, **self.seeded(key))
         finally:
             self.clock.end()
-        assert self.versions is not None
-        self.versions.translate(batch.trajectories)
         self.tokens_generated += generated_tokens(batch.trajectories)
         return batch
 
     async def push_weights(self, version: int, changed: bool) -> None:
         """Bring the engine to the trainer's weights, then count ``version`` as the engine's."""
-        assert self.versions is not None
         if changed:
             state = await self.in_trainer(self.workers.call, "full_state_dict")
             self.versions.pushing(version)
@@ -155,7 +148,6 @@ class OneStepOffLoop(_Overlapped):
 
     async def run(self, start: int, progress: Any) -> dict[str, float]:
         self.version = start
-        self.versions = PolicyVersions(self.engine, start)
         history: list[dict[str, float]] = []
         started = time.perf_counter()
         saved = self.resumed.get("prefetched")
@@ -238,7 +230,7 @@ class AsyncLoop(_Overlapped):
 
     async def take(self, count: int) -> tuple[list[tuple[_Group, int]], int]:
         """``count`` groups with their staleness, and how many stale groups were dropped on the way."""
-        assert self.manager is not None and self.buffer is not None and self.versions is not None
+        assert self.manager is not None and self.buffer is not None
         taken: list[tuple[_Group, int]] = []
         dropped = 0
         while len(taken) < count:
@@ -270,7 +262,6 @@ class AsyncLoop(_Overlapped):
     async def run(self, start: int, progress: Any) -> dict[str, float]:
         cfg = self.cfg
         self.version = start
-        self.versions = PolicyVersions(self.engine, start)
         if "consumed" in self.resumed:
             self.consumed.load_state_dict(self.resumed["consumed"])
         elif start:  # a checkpoint of another mode: continue after the tasks its steps drew

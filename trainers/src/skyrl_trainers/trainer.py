@@ -20,16 +20,18 @@ from typing import Any
 
 import torch
 from skyrl_core.config import ResolvedConfig
-from skyrl_core.factory import ConfigError, env_class
+from skyrl_core.engine import ClosableEngine, MemoryReleasingEngine
+from skyrl_core.factory import ConfigError, env_class, generator_class
 from skyrl_core.generator import request_seed
 from skyrl_core.metrics import MetricsLogger
-from skyrl_core.plugins import get_plugin_manager, get_registry
+from skyrl_core.plugins import get_plugin_manager
 from skyrl_core.ray_cluster import connect_for_run, disconnect
-from skyrl_core.trajectory import Trajectory, TrajectoryBatch, write_jsonl
+from skyrl_core.trajectory import Trajectory, TrajectoryBatch
 
+from skyrl_trainers.async_metrics import PolicyVersions
 from skyrl_trainers.batching import plan_step, training_samples
 from skyrl_trainers.config import FSDPGRPOConfig
-from skyrl_trainers.credit import assign_advantages, episode_key, group_scores
+from skyrl_trainers.credit import assign_advantages, group_scores
 from skyrl_trainers.data import TaskStream, load_training_tasks
 from skyrl_trainers.engine_setup import (
     alias_policy,
@@ -48,6 +50,7 @@ from skyrl_trainers.progress import TrainingProgress
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import RunFolder
 from skyrl_trainers.run_summary import RunClock, summarize
+from skyrl_trainers.samples import write_samples
 from skyrl_trainers.seeding import accepts_seed
 from skyrl_trainers.signal import NoSignalMonitor, zero_variance_share
 from skyrl_trainers.worker import WorkerSpec, accumulate
@@ -74,7 +77,8 @@ class FSDPGRPOTrainer:
         """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
         cfg, run = self.cfg, self.config.run
         self.clock = RunClock()
-        check_mode(self.config, engine_class(self.config))  # before anything is written or loaded
+        engine_cls = engine_class(self.config)
+        check_mode(self.config, engine_cls)  # before anything is written or loaded
         check_engine_placement(self.config)
         self.cfg, numerics = decide_numerics(self.config)
         cfg = self.cfg
@@ -94,7 +98,8 @@ class FSDPGRPOTrainer:
         print("\n".join(numerics), flush=True)
         self.training_started = False
         try:
-            return self._train(start, resumed, resume_from, stream, held_out)
+            return self._train(start, resumed, resume_from, stream, held_out,
+                               shared=can_share_weights(self.config, engine_cls))  # never off sync (its docstring)
         except BaseException:
             if not self.training_started:  # leave no empty run behind, nor a config a resume never ran with
                 self.run_folder.undo_create(fresh, previous_config)
@@ -104,12 +109,12 @@ class FSDPGRPOTrainer:
             raise
 
     def _train(self, start: int, resumed: dict[str, Any] | None, resume_from: Path | None, stream: TaskStream,
-               held_out: HeldOutEval) -> dict[str, float]:
-        """Build the engine, ranks and generator, then run the step loop (``fit`` after the folder exists)."""
+               held_out: HeldOutEval, shared: bool) -> dict[str, float]:
+        """Build the engine, ranks and generator, then run the step loop (``fit`` after the folder exists);
+        ``shared``: the engine generates with the trainer's own parameters."""
         cfg, run = self.cfg, self.config.run
         temperature = getattr(self.config.generator, "temperature", 1.0) or 1.0
         spec = WorkerSpec(cfg, temperature=temperature, seed=run.seed)
-        shared = can_share_weights(self.config, engine_class(self.config))  # never off sync (see its docstring)
         self.resumed_state = resumed
         loop = asyncio.new_event_loop()
         engine = logger = workers = generator = None
@@ -121,7 +126,7 @@ class FSDPGRPOTrainer:
             else:  # the engine first: loading the policy once in the driver fills the model cache for the ranks
                 engine, tokenizer = build_engine(self.config, seed=run.seed + start)
                 workers = make_worker_group(spec)
-            generator = get_registry().get("generator", self.config.generator_id).load()(
+            generator = generator_class(self.config.generator_id)(
                 self.config.generator, engine=engine, tokenizer=tokenizer, env_id=self.config.env_id,
                 env_config=self.config.env)
             held_out.attach(engine, tokenizer)
@@ -148,9 +153,9 @@ class FSDPGRPOTrainer:
         finally:
             if logger is not None:
                 logger.close()
-            for owner in (generator, held_out):  # their env workers on Ray, where placed there
-                if callable(getattr(owner, "close", None)):
-                    owner.close()
+            if generator is not None:  # its env workers on Ray, where placed there
+                generator.close()
+            held_out.close()
             if workers is not None:
                 workers.close()
             _close_engine(engine, loop)
@@ -159,7 +164,7 @@ class FSDPGRPOTrainer:
 
 def _close_engine(engine: Any, loop: asyncio.AbstractEventLoop) -> None:
     """Close the engine while its event loop still runs, so its background tasks end cleanly."""
-    if engine is not None and hasattr(engine, "close"):
+    if isinstance(engine, ClosableEngine):
         engine.close()
         loop.run_until_complete(asyncio.sleep(0))
     loop.close()
@@ -180,10 +185,12 @@ class _StepLoop:
         generator_cfg = trainer.config.generator
         self.no_signal = NoSignalMonitor(
             share=self.cfg.no_signal_share, patience=self.cfg.no_signal_patience,
-            reward_range=env_class(trainer.config.env_id).reward_range_for(trainer.config.env),
+            reward_range=held_out.reward_range,
             hints={"n_samples_per_prompt": getattr(generator_cfg, "n_samples_per_prompt", None),
                    "temperature": getattr(generator_cfg, "temperature", None), "model": self.cfg.model})
         self.groups: dict[int, dict[str, list[float]]] = {}  # step -> its groups' scores, until end_step
+        self.credit: dict[int, list[float | None]] = {}  # step -> its advantages, until end_step
+        self.versions: PolicyVersions | None = None  # the run's, for every mode (set in run)
         self.seeded = accepts_seed(generator)
         if not self.seeded:
             log.warning("generator %s takes no 'seed' argument in generate(): sampling is not reproducible "
@@ -193,6 +200,7 @@ class _StepLoop:
     def run(self, start: int, progress: TrainingProgress) -> dict[str, float]:
         if start == 0 and self.held_out.due(0):  # the initial policy, before any mode's loop starts
             self.logger.log(0, self.loop.run_until_complete(self.evaluate(0, progress)))
+        self.versions = PolicyVersions(self.engine, start)
         if self.cfg.mode != "sync":
             overlapped = OneStepOffLoop if self.cfg.mode == "one_step_off" else AsyncLoop
             return {**self.loop.run_until_complete(overlapped(self).run(start, progress)), **self.held_out.summary()}
@@ -222,6 +230,7 @@ class _StepLoop:
         """Log the step and call the plugins' ``on_train_step_end``; whether a checkpoint is due now."""
         cfg = self.cfg
         groups = self.groups.pop(step, {})
+        self.credit.pop(step, None)
         metrics.update(engine_metrics(self.engine))  # e.g. requests per engine replica
         metrics.update(self.no_signal.update(step, metrics.get("train/zero_variance_groups", 0.0), groups))
         self.trainer.clock.add_step(metrics)
@@ -242,12 +251,11 @@ class _StepLoop:
         progress.rollouts(step, len(tasks) * getattr(self.trainer.config.generator, "n_samples_per_prompt", 1))
         # per-step seed: a resumed run samples step N exactly as an uninterrupted one does
         seeded = {"seed": request_seed(self.trainer.config.run.seed, f"step{step}")} if self.seeded else {}
-        batch: TrajectoryBatch = self.loop.run_until_complete(self.generator.generate(tasks, **seeded))
-        for t in batch.trajectories:  # in engine terms; every token here is the policy after step - 1
-            t.policy_versions = [step - 1 if v >= 0 else v for v in t.policy_versions]
+        assert self.versions is not None
+        batch: TrajectoryBatch = self.loop.run_until_complete(self.versions.generate(self.generator, tasks, **seeded))
         if self.sleeps:  # free the engine's GPU memory for training; its weights are re-sent below
             self.loop.run_until_complete(self.engine.sleep(level=2))
-        elif hasattr(self.engine, "release_memory"):  # e.g. the hf engine's packed weights, stale after the update
+        elif isinstance(self.engine, MemoryReleasingEngine):  # e.g. the hf engine's packed weights, stale after the update
             self.loop.run_until_complete(self.engine.release_memory())
         t1 = time.perf_counter()
         self.write_samples(step, batch.trajectories)
@@ -256,6 +264,7 @@ class _StepLoop:
         t2 = time.perf_counter()
         progress.phase(step, "sync weights")
         self.sync_weights(changed=metrics["train/optimizer_steps"] > 0)
+        self.versions.pushed(step)
         t3 = time.perf_counter()
         metrics.update({"time/generate_seconds": t1 - t0, "time/train_seconds": t2 - t1,
                         "time/sync_seconds": t3 - t2, "time/step_seconds": t3 - t0,
@@ -269,9 +278,7 @@ class _StepLoop:
     def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """Advantages, batch plan and the update on every rank; metrics of the update."""
         cfg = self.cfg
-        advantages = assign_advantages(trajectories, estimator=cfg.advantage, norm_by_std=cfg.grpo_norm_by_std,
-                                       child_advantage=cfg.child_advantage)
-        samples = training_samples(trajectories, advantages)
+        samples = training_samples(trajectories, self.advantages(step, trajectories))
         groups = self.groups[step] = group_scores(trajectories)
         metrics = {"train/samples": float(len(samples)), "train/excluded_samples": float(len(trajectories) - len(samples)),
                    "train/input_tokens": float(sum(len(s.input_ids) for s in samples)),
@@ -293,36 +300,21 @@ class _StepLoop:
         if self.sleeps:
             self.loop.run_until_complete(self.engine.wake_up(["kv_cache"]))
 
+    def advantages(self, step: int, trajectories: list[Trajectory]) -> list[float | None]:
+        """The step's advantages (``None``: left out of the loss), computed once: the sample writer
+        stores the values the update trains on."""
+        if step not in self.credit:
+            cfg = self.cfg
+            self.credit[step] = assign_advantages(trajectories, estimator=cfg.advantage,
+                                                  norm_by_std=cfg.grpo_norm_by_std,
+                                                  child_advantage=cfg.child_advantage)
+        return self.credit[step]
+
     def write_samples(self, step: int, trajectories: list[Trajectory]) -> None:
-        """Copy ``samples_per_step`` root episodes, spread over the batch, to ``samples.jsonl``, each
-        followed by its child episodes (rlm_tree sub-calls, linked by ``parent_id``) so a viewer can
-        draw the tree; the env's sub-call limits bound a tree's size. Each record gets
-        ``metrics.train_step`` and, unless it is left out of the loss, ``metrics.advantage``."""
-        if not self.cfg.samples_per_step:
-            return
-        advantages = assign_advantages(trajectories, estimator=self.cfg.advantage,
-                                       norm_by_std=self.cfg.grpo_norm_by_std, child_advantage=self.cfg.child_advantage)
-        episodes: dict[str, list[int]] = {}  # episode -> its records (several in step-wise mode)
-        children: dict[str, list[str]] = {}
-        for index, t in enumerate(trajectories):
-            key = episode_key(t)
-            if key not in episodes and t.parent_id is not None:
-                children.setdefault(t.parent_id, []).append(key)
-            episodes.setdefault(key, []).append(index)
-        roots = [key for key, records in episodes.items() if trajectories[records[0]].parent_id is None]
-        stride = max(1, len(roots) // self.cfg.samples_per_step)
-        chosen: list[int] = []
-        pending = roots[::stride][: self.cfg.samples_per_step][::-1]
-        while pending:  # depth-first, each episode before its children, in call order
-            key = pending.pop()
-            chosen.extend(episodes[key])
-            pending.extend(reversed(children.get(key, [])))
-        for index in chosen:
-            trajectories[index].metrics["train_step"] = float(step)
-            if advantages[index] is not None:
-                trajectories[index].metrics["advantage"] = float(advantages[index])
-        if chosen:
-            write_jsonl(self.run_folder.samples, [trajectories[i] for i in chosen], append=True)
+        """Copy ``samples_per_step`` root episodes with their trees to ``samples.jsonl`` (:mod:`.samples`)."""
+        if self.cfg.samples_per_step:
+            write_samples(self.run_folder.samples, step, trajectories, self.advantages(step, trajectories),
+                          self.cfg.samples_per_step)
 
     def checkpoint(self, step: int, overlap_state: dict[str, Any] | None = None) -> None:
         """Weights, optimizer, data position and RNG; off sync also ``overlap_state`` (key ``async``)."""

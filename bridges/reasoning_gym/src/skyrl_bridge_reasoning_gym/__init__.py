@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from skyrl_core import EnvSpec, hookimpl
 
 if TYPE_CHECKING:
-    from skyrl_core.testing import Probe
+    from skyrl_core.probe import Probe
 
 ENV_ID = "reasoning_gym"
 

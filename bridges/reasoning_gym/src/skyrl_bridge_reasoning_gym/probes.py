@@ -11,7 +11,8 @@ imported.
 
 from __future__ import annotations
 
-from skyrl_core.testing.adversarial import WRONG, Probe, Turn, near_miss
+from skyrl_core.probe import Probe, Turn
+from skyrl_core.testing.adversarial import WRONG, near_miss
 
 from skyrl_bridge_reasoning_gym.answer import answer_block, extract_answer
 

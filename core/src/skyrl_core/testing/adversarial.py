@@ -33,8 +33,8 @@ from typing import Any, Literal
 from skyrl_core.env import EnvConfig, Message, TextEnv
 from skyrl_core.factory import env_class, validate_config
 from skyrl_core.oracle import task_name
+from skyrl_core.probe import Probe, Turn
 from skyrl_core.registry import did_you_mean
-from skyrl_core.testing.probe import Probe, Turn
 
 WRONG = "I am not sure."
 EOS_TOKENS = "<|endoftext|><|im_end|></s><|eot_id|>"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from skyrl_core import EnvSpec, hookimpl
 
 if TYPE_CHECKING:
-    from skyrl_core.testing import Probe
+    from skyrl_core.probe import Probe
 
 
 @hookimpl
@@ -27,7 +27,7 @@ def register_envs(register):
 @hookimpl
 def register_probes(register: Callable[[Probe], None]) -> None:
     """A hostile policy of our own for `skyrl check reverse_text --adversarial` (the checker's import, kept lazy)."""
-    from skyrl_core.testing import Probe
+    from skyrl_core.probe import Probe
 
     register(Probe("unreversed", lambda turn: f"<answer>{turn.prompt[-1]['content']}</answer>",
                    "the user's text sent back as it is, not reversed, in <answer> on every turn; flagged when it "

@@ -9,7 +9,7 @@ from skyrl_core import EnvSpec, hookimpl
 
 if TYPE_CHECKING:
     import typer
-    from skyrl_core.testing import Probe
+    from skyrl_core.probe import Probe
 
 
 @hookimpl

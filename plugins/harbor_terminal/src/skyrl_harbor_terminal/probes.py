@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from skyrl_core.testing.adversarial import Probe, Turn
+from skyrl_core.probe import Probe, Turn
 
 ENV = "harbor_terminal"
 DONE = "<done/>"

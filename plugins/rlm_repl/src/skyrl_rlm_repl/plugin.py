@@ -10,7 +10,7 @@ from skyrl_core import EnvSpec, GeneratorSpec, hookimpl
 from skyrl_core.hookspecs import Register
 
 if TYPE_CHECKING:
-    from skyrl_core.testing import Probe
+    from skyrl_core.probe import Probe
 
 
 @hookimpl

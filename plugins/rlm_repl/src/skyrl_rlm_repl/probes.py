@@ -14,7 +14,8 @@ import ast
 import re
 from collections.abc import Callable
 
-from skyrl_core.testing.adversarial import WRONG, Probe, Turn, near_miss
+from skyrl_core.probe import Probe, Turn
+from skyrl_core.testing.adversarial import WRONG, near_miss
 
 ENV = "rlm_repl"
 

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 from skyrl_core import GeneratorConfig, MultiTurnGenerator, Trajectory, TrajectoryBatch
 from skyrl_core.chat import ChatTokenizer
 from skyrl_core.engine import GenerateOutput, InferenceEngine, SamplingParams
-from skyrl_core.env import EnvConfig, TextEnv
+from skyrl_core.env import EnvConfig, EpisodeEnv
 from skyrl_core.env_pool import WORKER_LOST
 from skyrl_core.factory import ConfigError, component_config
 from skyrl_core.plugins import get_plugin_manager, get_registry
@@ -186,7 +186,7 @@ class RLMTreeGenerator(MultiTurnGenerator):
         trajectory.reward = sum(t.reward for t in trajectory.turns)
         trajectory.metrics["judge_score"] = score
 
-    def new_env(self, task: Mapping[str, Any]) -> TextEnv:
+    def new_env(self, task: Mapping[str, Any]) -> EpisodeEnv:
         env = super().new_env(task)
         node = _NODE.get()
         if node is not None:

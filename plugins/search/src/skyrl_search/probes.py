@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from skyrl_core.testing.adversarial import WRONG, Probe, Turn
+from skyrl_core.probe import Probe, Turn
+from skyrl_core.testing.adversarial import WRONG
 
 ENV = "search"
 _QUESTION = re.compile(r"Question:\s*(.+)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from skyrl_core.testing.adversarial import Probe, Turn
+from skyrl_core.probe import Probe, Turn
 
 ENV = "sql"
 THINK = "<think>Let me look.</think>\n"

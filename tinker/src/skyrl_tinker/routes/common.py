@@ -1,6 +1,7 @@
 """What every route module shares: the ``/api/v1`` prefix, the JSON body reader, and the dependencies that
-hand a route its tenant, the service and the server's config (all three put in place by
-:func:`skyrl_tinker.app.create_app`: the tenant by its authentication middleware, the others on ``app.state``)."""
+hand a route its tenant, the service (or the handler of the route's resource on it) and the server's config
+(all put in place by :func:`skyrl_tinker.app.create_app`: the tenant by its authentication middleware, the
+others on ``app.state``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from fastapi import Depends, Request
 from skyrl_core.http_hygiene import JSON_TYPES, load_json
 
 from skyrl_tinker.config import ServerConfig
-from skyrl_tinker.service import RequestError, TinkerService
+from skyrl_tinker.service import TinkerService
+from skyrl_tinker.service.checkpoints import CheckpointRequests
+from skyrl_tinker.service.futures import FutureRequests
+from skyrl_tinker.service.sampling import SamplingRequests
+from skyrl_tinker.service.sessions import SessionRequests
+from skyrl_tinker.service.state import RequestError
+from skyrl_tinker.service.training import TrainingRequests
 from skyrl_tinker.wire import decompress
 
 API = "/api/v1"
@@ -30,9 +37,23 @@ async def _config(request: Request) -> ServerConfig:
     return request.app.state.config
 
 
+def _handler(attribute: str) -> Any:
+    """The dependency that hands a route ``TinkerService.<attribute>``, the handler of its resource."""
+
+    async def handler(request: Request) -> Any:
+        return getattr(request.app.state.service, attribute)
+
+    return Depends(handler)
+
+
 Tenant = Annotated[str, Depends(_tenant)]
 Service = Annotated[TinkerService, Depends(_service)]
 Config = Annotated[ServerConfig, Depends(_config)]
+Sessions = Annotated[SessionRequests, _handler("session_requests")]
+Training = Annotated[TrainingRequests, _handler("training_requests")]
+Sampling = Annotated[SamplingRequests, _handler("sampling_requests")]
+Futures = Annotated[FutureRequests, _handler("future_requests")]
+Checkpoints = Annotated[CheckpointRequests, _handler("checkpoint_requests")]
 
 
 async def read_json(request: Request) -> dict[str, Any]:

@@ -6,22 +6,22 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from skyrl_tinker.routes.common import API, Service, Tenant, read_json
+from skyrl_tinker.routes.common import API, Sampling, Tenant, read_json
 
 router = APIRouter(prefix=API)
 
 
 @router.post("/create_sampling_session")
-async def create_sampling_session(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return svc.create_sampling_session(tenant, await read_json(request))
+async def create_sampling_session(request: Request, tenant: Tenant, sampling: Sampling) -> dict[str, Any]:
+    return sampling.create_sampling_session(tenant, await read_json(request))
 
 
 @router.get("/samplers/{sampling_id}")
-async def sampler_info(sampling_id: str, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return svc.sampler_info(tenant, sampling_id)
+async def sampler_info(sampling_id: str, tenant: Tenant, sampling: Sampling) -> dict[str, Any]:
+    return sampling.sampler_info(tenant, sampling_id)
 
 
 @router.post("/asample")
-async def asample(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    future, sequence_ids = svc.asample(tenant, await read_json(request))
+async def asample(request: Request, tenant: Tenant, sampling: Sampling) -> dict[str, Any]:
+    future, sequence_ids = sampling.asample(tenant, await read_json(request))
     return {"request_id": future.request_id, "sample_sequence_ids": sequence_ids}

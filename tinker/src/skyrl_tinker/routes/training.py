@@ -14,8 +14,8 @@ from skyrl_core.http_hygiene import parse_json, shown
 from skyrl_tinker.config import ServerConfig
 from skyrl_tinker.fields import Fields, integers
 from skyrl_tinker.futures import Future
-from skyrl_tinker.routes.common import API, Config, Service, Tenant, read_json
-from skyrl_tinker.service import TinkerService
+from skyrl_tinker.routes.common import API, Config, Tenant, Training, read_json
+from skyrl_tinker.service.training import TrainingRequests
 from skyrl_tinker.wire import (
     Bounds,
     DatumIn,
@@ -31,51 +31,51 @@ router = APIRouter(prefix=API)
 
 
 @router.post("/create_model")
-async def create_model(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    future, model_id = svc.create_model(tenant, await read_json(request))
+async def create_model(request: Request, tenant: Tenant, training: Training) -> dict[str, Any]:
+    future, model_id = training.create_model(tenant, await read_json(request))
     return _queued(future, model_id)
 
 
 @router.post("/get_info")
-async def get_info(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return svc.get_info(tenant, await read_json(request))
+async def get_info(request: Request, tenant: Tenant, training: Training) -> dict[str, Any]:
+    return training.get_info(tenant, await read_json(request))
 
 
 @router.post("/unload_model")
-async def unload_model(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return await _queue_for_model(request, partial(svc.unload_model, tenant))
+async def unload_model(request: Request, tenant: Tenant, training: Training) -> dict[str, Any]:
+    return await _queue_for_model(request, partial(training.unload_model, tenant))
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request, tenant: Tenant, svc: Service, config: Config) -> dict[str, Any]:
-    parsed = await _forward_backward_body(request, config, svc, forward_only=False)
-    return _queued(svc.forward_backward(tenant, parsed), parsed.model_id)
+async def forward_backward(request: Request, tenant: Tenant, training: Training, config: Config) -> dict[str, Any]:
+    parsed = await _forward_backward_body(request, config, training, forward_only=False)
+    return _queued(training.forward_backward(tenant, parsed), parsed.model_id)
 
 
 @router.post("/forward")
-async def forward(request: Request, tenant: Tenant, svc: Service, config: Config) -> dict[str, Any]:
-    parsed = await _forward_backward_body(request, config, svc, forward_only=True)
-    return _queued(svc.forward_backward(tenant, parsed), parsed.model_id)
+async def forward(request: Request, tenant: Tenant, training: Training, config: Config) -> dict[str, Any]:
+    parsed = await _forward_backward_body(request, config, training, forward_only=True)
+    return _queued(training.forward_backward(tenant, parsed), parsed.model_id)
 
 
 @router.post("/optim_step")
-async def optim_step(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return await _queue_for_model(request, partial(svc.optim_step, tenant))
+async def optim_step(request: Request, tenant: Tenant, training: Training) -> dict[str, Any]:
+    return await _queue_for_model(request, partial(training.optim_step, tenant))
 
 
 @router.post("/save_weights")
-async def save_weights(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return await _queue_for_model(request, partial(svc.save_weights, tenant))
+async def save_weights(request: Request, tenant: Tenant, training: Training) -> dict[str, Any]:
+    return await _queue_for_model(request, partial(training.save_weights, tenant))
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return await _queue_for_model(request, partial(svc.save_weights_for_sampler, tenant))
+async def save_weights_for_sampler(request: Request, tenant: Tenant, training: Training) -> dict[str, Any]:
+    return await _queue_for_model(request, partial(training.save_weights_for_sampler, tenant))
 
 
 @router.post("/load_weights")
-async def load_weights(request: Request, tenant: Tenant, svc: Service) -> dict[str, Any]:
-    return {"request_id": svc.load_weights(tenant, await read_json(request)).request_id}
+async def load_weights(request: Request, tenant: Tenant, training: Training) -> dict[str, Any]:
+    return {"request_id": training.load_weights(tenant, await read_json(request)).request_id}
 
 
 def _queued(future: Future, model_id: str) -> dict[str, Any]:
@@ -88,11 +88,11 @@ async def _queue_for_model(request: Request, queue: Callable[[dict[str, Any]], F
     return _queued(queue(body), body["model_id"])
 
 
-async def _forward_backward_body(request: Request, config: ServerConfig, svc: TinkerService, *, forward_only: bool
-                                 ) -> ForwardBackwardIn:
+async def _forward_backward_body(request: Request, config: ServerConfig, training: TrainingRequests, *,
+                                 forward_only: bool) -> ForwardBackwardIn:
     """The batch of a (zstd-compressed) protobuf or JSON body, decoded in a thread: a large body must not hold
     up the other clients' requests while it is decompressed and parsed."""
-    bounds = Bounds(config.max_batch_datums, svc.backend.max_context or MAX_TOKENS_WITHOUT_CONTEXT)
+    bounds = Bounds(config.max_batch_datums, training.state.backend.max_context or MAX_TOKENS_WITHOUT_CONTEXT)
     body, headers = await request.body(), request.headers
     parsed = await asyncio.to_thread(_decode_forward_backward, body, headers.get("content-type", ""),
                                      headers.get("content-encoding"), bounds, config)

@@ -1,6 +1,6 @@
 """What an adversarial probe is: :class:`Probe`, a scripted policy, and :class:`Turn`, what it knows before each
-action. A leaf module: the plugin hooks (``register_probes``) name these types without importing the checker
-(:mod:`skyrl_core.testing.adversarial`, which re-exports both).
+action. A leaf module beside the hookspecs: a plugin's ``register_probes`` hook builds these without importing the
+checker that plays them (:func:`skyrl_core.testing.check_adversarial`).
 """
 
 from __future__ import annotations
