@@ -216,7 +216,7 @@ def test_off_sync_runs_set_the_vllm_engine_to_keep_unless_the_user_chose():
 
     def chosen(mode, **engine):
         config = SimpleNamespace(engine=VLLMEngineConfig(**engine),
-                                 trainer=SimpleNamespace(model="tiny-random", mode=mode))
+                                 trainer=SimpleNamespace(model="tiny-random", mode=mode, precision="auto"))
         return engine_config_for_policy(config).in_flight_updates
 
     assert chosen("sync") == "off"
