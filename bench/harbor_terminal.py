@@ -1,8 +1,8 @@
 """Benchmark of the harbor_terminal env and its machines, per backend, beside host baselines measured in the same run.
 
-For each backend (docker, bwrap):
+For each installed backend with machines (docker, bwrap, and any other registered one):
 
-- image build (docker only): a cold build of a task image (a copy of a built-in task's environment
+- image build (backends that run images only): a cold build of a task image (a copy of a built-in task's environment
   folder under a fresh tag, with a new layer so nothing comes from the layer cache; the base image
   is present), a forced rebuild that the engine's layer cache answers, and the up-to-date check
   every episode's provisioning does (the context hash against the image's label). Baseline: the
@@ -18,7 +18,7 @@ For each backend (docker, bwrap):
 
 Every machine, container and bench image is removed on the way out, Ctrl-C included.
 
-    python bench/harbor_terminal.py [--backend docker|bwrap|both] [--repeats 20] [--builds 3] [--commands 200]
+    python bench/harbor_terminal.py [--backend NAME|all] [--repeats 20] [--builds 3] [--commands 200]
                                     [--execs 100] [--concurrency 1,4,16] [--episodes 32]
                                     [--starts-per-second N] [--quick]
 """
@@ -45,18 +45,19 @@ from typing import Any
 from skyrl_harbor_terminal.config import HarborTerminalConfig
 from skyrl_harbor_terminal.env import BUILTIN_TASKS, HarborTerminalEnv, cached_task
 from skyrl_harbor_terminal.images import TERMINAL_IMAGE
-from skyrl_harbor_terminal.provision import Provisioner
+from skyrl_harbor_terminal.provision import Provisioner, image_backends, machine_engine
 from skyrl_harbor_terminal.task import HarborTask
-from skyrl_sandbox import images
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.container_engine import ContainerEngine
 from skyrl_sandbox.machine import Machine, MachineSpec
-from skyrl_sandbox.machine_factory import start_machine
+from skyrl_sandbox.machine_factory import machine_backends, start_machine
+from skyrl_sandbox.registry import get_backend
 from timing import percentile, timed
 
 MS = 1000.0
 BUILD_TASK = "count-lines"  # COPY + RUN: a typical small task image
 EPISODE_TASK = "count-lines"
 BENCH_REPOSITORY = "skyrl-harbor-bench"
-BACKENDS = ("docker", "bwrap")
 
 
 class Cleanup:
@@ -65,8 +66,8 @@ class Cleanup:
     def __init__(self) -> None:
         self.machines: set[Machine] = set()
         self.envs: list[HarborTerminalEnv] = []
-        self.images: list[str] = []
-        self.docker_used = False
+        self.images: list[tuple[ContainerEngine, str]] = []
+        self.engines: set[ContainerEngine] = set()  # the engines this run started containers on
         self.stopping = threading.Event()  # tells work running in threads (image builds) to stop
 
     async def close_async(self) -> None:
@@ -84,13 +85,15 @@ class Cleanup:
     def sweep(self) -> None:
         """Last resort, after the event loop is gone: containers labelled with this process, bench images."""
         remove_images(self.images)
-        if not self.docker_used:
-            return
-        from skyrl_sandbox.docker_engine import MACHINE_LABEL, OWNER_LABEL, machine_id, remove_container, shared_client
+        for engine in self.engines:
+            self.sweep_engine(engine)
+
+    def sweep_engine(self, engine: ContainerEngine) -> None:
+        from skyrl_sandbox.backends.docker.worker import MACHINE_LABEL, OWNER_LABEL, machine_id, remove_container
 
         swept = set()
         with suppress(Exception):
-            api = shared_client().api
+            api = engine.shared_client().api
             for _ in range(2):  # a start cancelled mid-way may still be creating its container
                 mine = api.containers(all=True, filters={"label": [f"{OWNER_LABEL}={os.getpid()}",
                                                                    f"{MACHINE_LABEL}={machine_id()}"]})
@@ -101,26 +104,24 @@ class Cleanup:
                     break
                 time.sleep(1.0)
         if swept:
-            print(f"removed {len(swept)} container(s) left by interrupted starts", file=sys.stderr)
+            print(f"removed {len(swept)} container(s) of {engine.title} left by interrupted starts", file=sys.stderr)
 
 
-def remove_images(tags: list[str]) -> None:
-    """Remove the bench's images; a tag stays listed until the engine says it is gone (a build may still run)."""
+def remove_images(tags: list[tuple[ContainerEngine, str]]) -> None:
+    """Remove the bench's images; a tag stays listed until its engine says it is gone (a build may still run)."""
     if not tags:
         return
     import docker
-    from skyrl_sandbox.docker_engine import shared_client
 
-    api = shared_client().api
-    for tag in list(tags):
+    for engine, tag in list(tags):
         try:
-            api.remove_image(tag, force=True)
+            engine.shared_client().api.remove_image(tag, force=True)
         except docker.errors.ImageNotFound:
             pass
         except Exception:  # noqa: BLE001 - the sweep tries again
             continue
-        images.forget(tag)
-        tags.remove(tag)
+        images.forget(engine, tag)
+        tags.remove((engine, tag))
 
 
 CLEANUP = Cleanup()
@@ -139,7 +140,7 @@ def host_bash(runs: int) -> list[float]:
     return samples
 
 
-# -- image builds (docker) ------------------------------------------------------------------------
+# -- image builds (backends that run images) ------------------------------------------------------------------------
 
 
 def stop_if_interrupted() -> None:
@@ -147,8 +148,10 @@ def stop_if_interrupted() -> None:
         raise RuntimeError("interrupted")
 
 
-def build_times(task: HarborTask, cold_runs: int, cached_runs: int) -> tuple[list[float], list[float], list[float]]:
-    """Seconds of cold builds, layer-cached forced rebuilds and up-to-date checks of a copy of ``task``'s image."""
+def build_times(engine: ContainerEngine, task: HarborTask, cold_runs: int, cached_runs: int
+                ) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of cold builds, layer-cached forced rebuilds and up-to-date checks of a copy of ``task``'s image on
+    ``engine``."""
     assert task.environment.context_dir is not None
     quiet = lambda line: None  # noqa: E731
     cold, layered, checks = [], [], []
@@ -165,21 +168,21 @@ def build_times(task: HarborTask, cold_runs: int, cached_runs: int) -> tuple[lis
             recipe.write_text(re.sub(r"^(\s*FROM\s+\S+.*)$", rf"\1\nLABEL skyrl.bench.nonce={nonce}", original,
                                      count=1, flags=re.IGNORECASE | re.MULTILINE))
             tag = f"{BENCH_REPOSITORY}/{BUILD_TASK}:cold-{nonce}"
-            CLEANUP.images.append(tag)
+            CLEANUP.images.append((engine, tag))
             started = time.perf_counter()
-            images.build_image(context, tag, dockerfile=task.environment.dockerfile, base=TERMINAL_IMAGE,
+            images.build_image(engine, context, tag, dockerfile=task.environment.dockerfile, base=TERMINAL_IMAGE,
                                force=True, timeout_s=task.environment.build_timeout_sec, progress=quiet)
             cold.append(time.perf_counter() - started)
         for _ in range(cold_runs):
             stop_if_interrupted()
             started = time.perf_counter()
-            images.build_image(context, tag, dockerfile=task.environment.dockerfile, base=TERMINAL_IMAGE,
+            images.build_image(engine, context, tag, dockerfile=task.environment.dockerfile, base=TERMINAL_IMAGE,
                                force=True, progress=quiet)
             layered.append(time.perf_counter() - started)
         for _ in range(cached_runs):
             stop_if_interrupted()
             started = time.perf_counter()
-            images.build_image(context, tag, dockerfile=task.environment.dockerfile, base=TERMINAL_IMAGE,
+            images.build_image(engine, context, tag, dockerfile=task.environment.dockerfile, base=TERMINAL_IMAGE,
                                progress=quiet)
             checks.append(time.perf_counter() - started)
     remove_images(CLEANUP.images)
@@ -297,11 +300,10 @@ def ms_row(metric: str, value_s: float, base_s: float, base_name: str) -> str:
 
 
 def backend_problem(backend: str) -> str | None:
-    if backend == "docker":
-        return images.base_image_unavailable(TERMINAL_IMAGE)
-    from skyrl_sandbox.backends import bwrap_problem
-
-    problem = bwrap_problem()
+    problem = get_backend(backend).problem()
+    engine = machine_engine(backend)
+    if engine is not None:
+        return problem or images.base_image_unavailable(engine, TERMINAL_IMAGE)
     if problem is None and shutil.which("setsid") is None:
         problem = "setsid (util-linux) is missing"
     return problem
@@ -312,16 +314,18 @@ async def bench_backend(backend: str, args: argparse.Namespace, notes: list[str]
     build_task = cached_task(str(BUILTIN_TASKS / BUILD_TASK))
     episode_task = cached_task(str(BUILTIN_TASKS / EPISODE_TASK))
     image = None
-    if backend == "docker":
-        CLEANUP.docker_used = True
+    engine = machine_engine(backend)
+    if engine is not None:
+        CLEANUP.engines.add(engine)
         # The real task image, through the env's own provisioning (built here only if missing).
-        image = await Provisioner(1, 100.0).image(episode_task, HarborTerminalConfig())
-        cold, layered, checks = await asyncio.to_thread(build_times, build_task, args.builds, args.repeats)
+        image = await Provisioner(1, 100.0).image(episode_task, HarborTerminalConfig(), engine)
+        cold, layered, checks = await asyncio.to_thread(build_times, engine, build_task, args.builds, args.repeats)
         base = statistics.median(cold)
-        rows.append(row(f"docker: image build, cold (p50 of {len(cold)})", f"{base * MS:,.0f} ms", "", ""))
-        rows.append(ms_row("docker: forced rebuild, layer cache (p50)", statistics.median(layered), base, "(cold)"))
-        rows.append(ms_row("docker: image up-to-date check (p50)", statistics.median(checks), base, "(cold)"))
-        rows.append(ms_row("docker: image up-to-date check (p99)", percentile(checks, 99), base, "(cold)"))
+        rows.append(row(f"{backend}: image build, cold (p50 of {len(cold)})", f"{base * MS:,.0f} ms", "", ""))
+        rows.append(ms_row(f"{backend}: forced rebuild, layer cache (p50)", statistics.median(layered), base,
+                           "(cold)"))
+        rows.append(ms_row(f"{backend}: image up-to-date check (p50)", statistics.median(checks), base, "(cold)"))
+        rows.append(ms_row(f"{backend}: image up-to-date check (p99)", percentile(checks, 99), base, "(cold)"))
 
     spec = machine_spec(episode_task, image)
     floor = host_bash(max(args.commands, 50))
@@ -397,7 +401,9 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=(*BACKENDS, "both"), default="docker", help="machines to measure")
+    parser.add_argument("--backend", choices=(*machine_backends(), "all"),
+                        default=(*image_backends(), *machine_backends())[0],
+                        help="machines to measure (default: the first installed backend that runs images)")
     parser.add_argument("--repeats", type=int, default=20, help="machine starts/closes and image up-to-date checks")
     parser.add_argument("--builds", type=int, default=3, help="cold image builds (and layer-cached rebuilds)")
     parser.add_argument("--commands", type=int, default=200, help="shell round trips (and host baseline runs)")
@@ -410,7 +416,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.builds, args.commands, args.execs, args.episodes = 5, 1, 40, 20, 4
-    args.backends = list(BACKENDS) if args.backend == "both" else [args.backend]
+    args.backends = list(machine_backends()) if args.backend == "all" else [args.backend]
     args.concurrency = [int(level) for level in args.concurrency.split(",")]
     try:
         asyncio.run(run(args))

@@ -1,14 +1,14 @@
 """Benchmark of skyrl-sandbox, per backend, beside unsandboxed baselines measured in the same run.
 
-For each backend that works here (bwrap, docker, subprocess): cold start (a new worker up to its
-first reply), warm start (a box from a pre-started pool), a one-shot command round trip (``true``
-through :meth:`Box.run`; on docker that is ``docker exec``), a long-lived worker round trip
+For each installed backend that works here (bwrap, docker, podman, subprocess): cold start (a new worker up to
+its first reply), warm start (a box from a pre-started pool), a one-shot command round trip (``true``
+through :meth:`Box.run`; on a container backend that is an exec of its engine), a long-lived worker round trip
 (``Box.ping``, p50/p99) and round trips per second with 1, 8 and 32 concurrent boxes. Baselines:
 an unsandboxed ``subprocess.run(["true"])`` for starts and one-shot commands, and the same framed
 JSON message encoded and decoded in this process for worker round trips. Targets from the issue:
 bwrap warm start <= 20 ms and execute p50 <= 0.5 ms; docker cold start <= 1 s and execute p50 <= 2 ms.
 
-    python bench/sandbox.py [--backends bwrap,docker,subprocess] [--quick]
+    python bench/sandbox.py [--backends bwrap,docker,podman,subprocess] [--quick]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 from skyrl_sandbox import Limits, backend_problem
 from skyrl_sandbox.box import Box
 from skyrl_sandbox.framing import encode
+from skyrl_sandbox.registry import backend_names, get_backend
 from timing import percentile, timed
 
 MS = 1000.0
@@ -79,8 +80,8 @@ async def rate(backend: str, limits: Limits, concurrency: int, per_box: int) -> 
         await asyncio.gather(*(box.close() for box in boxes))
 
 
-async def docker_exec_times(box: Box, runs: int) -> list[float]:
-    """``docker exec true`` in the box's container: what a backend without an attached worker would pay."""
+async def engine_exec_times(box: Box, runs: int) -> list[float]:
+    """An engine's exec of ``true`` in the box's container: what a backend without an attached worker would pay."""
     api, container = box._worker.api, box._worker.container_id
 
     def once() -> None:
@@ -104,15 +105,15 @@ async def bench_backend(backend: str, scale: int) -> list[str]:
         one_shot = await timed(100 // scale, lambda: box.run(["true"]))
         await box.ping()
         round_trip = await timed(1000 // scale, box.ping)
-        docker_exec = await docker_exec_times(box, 40 // scale) if backend == "docker" else None
+        engine_exec = await engine_exec_times(box, 40 // scale) if get_backend(backend).engine else None
     base_trip = baseline_round_trip(1000)
     rows = [row(f"{backend}: cold start (p50)", statistics.median(cold) * MS, statistics.median(spawn) * MS, "ms"),
             row(f"{backend}: warm start from pool (p50)", statistics.median(warm) * MS, statistics.median(spawn) * MS,
                 "ms"),
             row(f"{backend}: one-shot run 'true' (p50)", statistics.median(one_shot) * MS,
                 statistics.median(spawn) * MS, "ms")]
-    if docker_exec:
-        rows.append(row("docker: one-shot `docker exec true` (p50)", statistics.median(docker_exec) * MS,
+    if engine_exec:
+        rows.append(row(f"{backend}: one-shot engine exec `true` (p50)", statistics.median(engine_exec) * MS,
                         statistics.median(spawn) * MS, "ms"))
     for q in (50, 99):
         rows.append(row(f"{backend}: worker round trip (p{q})", percentile(round_trip, q) * MS,
@@ -146,7 +147,7 @@ async def main(backends: list[str], quick: bool) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="bwrap,docker,subprocess",
+    parser.add_argument("--backends", default=",".join(backend_names()),
                         help="comma-separated backends to measure (those that cannot run here are listed, not timed)")
     parser.add_argument("--quick", action="store_true", help="a quarter of the samples")
     args = parser.parse_args()

@@ -27,7 +27,8 @@ Modes (the venv is $venv; set SKYRL_VENV to use another folder):
   all           (default; also: test) everything the test suite needs: train's part, every plugin, bridge
                 and the viewer, tinker, test and docs tools (a venv of about 3 GB), apt packages docker.io,
                 mmdebstrap and chromium, a Docker Engine started when none answers (left running) and two
-                sandbox images built from Debian packages.
+                sandbox images built from Debian packages; podman and catatonit (apt) with the podman backend
+                (skyrl-sandbox-podman), whose service starts on first use (left running), and its base image.
 Options:
   --plan        print what would be done, change nothing (with --undo: what --undo would stop and remove)
   --undo        stop the Docker Engine this script started and remove its data (images and containers),
@@ -37,8 +38,8 @@ Options:
 
 Our own lines only: the output of apt, pip and docker goes to $log, whose last lines are
 shown when a step fails. What the script did outside the venv is recorded in $state.
-Environment: SKYRL_VENV (venv folder), PYTHON (interpreter that makes the venv), SKYRL_REQUIRE_DOCKER=1 (a
-missing Docker Engine or image fails the setup instead of a warning).
+Environment: SKYRL_VENV (venv folder), PYTHON (interpreter that makes the venv), SKYRL_REQUIRE_DOCKER=1 and
+SKYRL_REQUIRE_PODMAN=1 (a missing engine or image fails the setup instead of a warning).
 EOF
 }
 
@@ -69,7 +70,8 @@ as_root_with_apt() { [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; 
 missing_packages() {
   local command package entry
   local wanted=(bwrap:bubblewrap)
-  [[ $mode == all ]] && wanted+=(dockerd:docker.io mmdebstrap:mmdebstrap chromium:chromium)
+  [[ $mode == all ]] && wanted+=(dockerd:docker.io mmdebstrap:mmdebstrap chromium:chromium podman:podman
+                                 catatonit:catatonit)
   for entry in "${wanted[@]}"; do
     command=${entry%%:*} package=${entry#*:}
     command -v "$command" >/dev/null 2>&1 || echo "$package"
@@ -127,6 +129,7 @@ print_plan() {
     fi
     echo "  images:  build skyrl-sandbox-base and skyrl-terminal-base from Debian packages unless the engine has them"
     echo "           (about 30 s and 40 s; they need deb.debian.org)"
+    echo "  podman:  start its API service (socket in /run/skyrl-podman, LEFT RUNNING) and build skyrl-sandbox-base there"
     echo "  config:  where deb.debian.org and pypi.org answer, write build_network = true to harbor_terminal's"
     echo "           settings file (~/.config/skyrl/harbor.toml) unless it exists"
   fi
@@ -172,12 +175,12 @@ stop_engine() {
 remove_image() {
   local tag=$1 host=$2
   if (( plan_only )); then
-    echo "  would remove the image $tag from the Docker Engine at $host"
+    echo "  would remove the image $tag from the engine at $host"
     return
   fi
-  echo "- removing the image $tag from the Docker Engine at $host"
-  DOCKER_HOST=$host "$venv/bin/python" -c 'import sys; from skyrl_sandbox.docker_client import client
-client().images.remove(sys.argv[1])' "$tag" 2>/dev/null \
+  echo "- removing the image $tag from the engine at $host"
+  "$venv/bin/python" -c 'import sys, docker; docker.DockerClient(base_url=sys.argv[2]).images.remove(sys.argv[1])' \
+    "$tag" "$host" 2>/dev/null \
     || echo "warning: could not remove $tag (gone already, or the engine does not answer): docker -H $host rmi $tag" >&2
 }
 
@@ -289,6 +292,8 @@ apt_group "envs that run model code (rlm_repl) will refuse to start until it is 
 # The Docker backend of skyrl-sandbox: the engine, and mmdebstrap, which builds its base images from Debian
 # packages (nothing is pulled from a registry).
 apt_group "the docker sandbox backend will be unavailable" docker.io mmdebstrap
+# The podman backend (skyrl-sandbox-podman): podman serves the same API; catatonit is its containers' init.
+apt_group "the podman sandbox backend will be unavailable" podman catatonit
 # Headless Chromium for the browser tests of skyrl view (Playwright drives the system browser; nothing is downloaded).
 apt_group "the browser tests of skyrl view will skip (fail with SKYRL_REQUIRE_BROWSER=1)" chromium
 
@@ -307,7 +312,8 @@ if [[ $mode == train ]]; then
   exit 0
 fi
 
-step "installing skyrl-core and skyrl-sandbox (editable)" "${pip[@]}" -e "./core[test]" -e "./sandbox[docker]"
+step "installing skyrl-core, skyrl-sandbox and its podman backend (editable)" "${pip[@]}" -e "./core[test]" \
+  -e "./sandbox[docker]" -e ./sandbox-podman
 step "installing the envs reverse_text, sql and rlm_repl, and the trainers" "${pip[@]}" -e examples/reverse_text \
   -e "plugins/sql[duckdb]" -e plugins/rlm_repl -e "trainers"
 # skyrl view (metrics, samples and RLM trees in the browser); [test] adds playwright, driven with the system chromium.
@@ -344,24 +350,28 @@ step "installing the docs tools (mkdocs)" "${pip[@]}" mkdocs==1.6.1 mkdocs-mater
 # A Docker Engine for the docker sandbox backend: use the one that answers, else start one of our own (no
 # bridge, no iptables: sandboxes have no network) with its data, socket and log under $skyrl_docker.
 # With SKYRL_REQUIRE_DOCKER=1 (CI) a missing engine or base image fails the setup instead of a warning.
-docker_problem() {
-  "$venv/bin/python" -c 'import sys; from skyrl_sandbox.docker_engine import engine_problem
-problem = engine_problem(); print(problem or ""); sys.exit(1 if problem else 0)'
+# backend_problem BACKEND: prints why the sandbox backend cannot run here (nothing, and status 0, when it can).
+backend_problem() {
+  "$venv/bin/python" -c 'import sys; from skyrl_sandbox.registry import get_backend
+problem = get_backend(sys.argv[1]).problem(); print(problem or ""); sys.exit(1 if problem else 0)' "$1"
 }
-docker_unavailable() {
-  if [[ ${SKYRL_REQUIRE_DOCKER:-} == 1 ]]; then
-    echo "error: SKYRL_REQUIRE_DOCKER=1 but $1" >&2
+docker_problem() { backend_problem docker; }
+# backend_unavailable BACKEND MESSAGE: a warning, or the end of the setup under SKYRL_REQUIRE_<BACKEND>=1.
+backend_unavailable() {
+  local require=SKYRL_REQUIRE_${1^^}
+  if [[ ${!require:-} == 1 ]]; then
+    echo "error: $require=1 but $2" >&2
     exit 1
   fi
-  echo "warning: $1; the docker sandbox backend and its tests will be skipped" >&2
+  echo "warning: $2; the $1 sandbox backend and its tests will be skipped" >&2
 }
 if problem=$(docker_problem); then
-  host=$("$venv/bin/python" -c 'from skyrl_sandbox.docker_client import docker_host; print(docker_host())')
+  host=$("$venv/bin/python" -c 'from skyrl_sandbox.backends.docker.client import docker_host; print(docker_host())')
   echo "- using the Docker Engine at $host ($(engine_owner "$host"))"
 elif [[ -n ${DOCKER_HOST:-} && $DOCKER_HOST != "unix://$skyrl_docker/docker.sock" ]]; then
-  docker_unavailable "DOCKER_HOST=$DOCKER_HOST does not answer ($problem)"
+  backend_unavailable docker "DOCKER_HOST=$DOCKER_HOST does not answer ($problem)"
 elif [[ $(id -u) != 0 ]] || ! command -v dockerd >/dev/null 2>&1; then
-  docker_unavailable "no Docker Engine answers ($problem) and this script can start one only as root with dockerd installed"
+  backend_unavailable docker "no Docker Engine answers ($problem) and this script can start one only as root with dockerd installed"
 else
   mkdir -p "$skyrl_docker"
   echo "- starting dockerd (socket $skyrl_docker/docker.sock, log $skyrl_docker/dockerd.log); it stays running"
@@ -376,32 +386,36 @@ else
   done
   if ! docker_problem >/dev/null; then
     tail -n 20 "$skyrl_docker/dockerd.log" | sed 's/^/  | /' >&2 || true
-    docker_unavailable "dockerd did not start within 60 s ($problem); its log is $skyrl_docker/dockerd.log"
+    backend_unavailable docker "dockerd did not start within 60 s ($problem); its log is $skyrl_docker/dockerd.log"
   fi
 fi
 
-# build_image TAG WHAT MODULE: builds a base image with `python -m MODULE` unless the engine has it; records it.
+# build_image BACKEND TAG WHAT MODULE [ARG...]: builds a base image on BACKEND's engine with `python -m MODULE ARG...`
+# unless that engine has it; records it.
 build_image() {
-  local tag=$1 what=$2 module=$3 host
-  if "$venv/bin/python" -c 'import sys; from skyrl_sandbox.images import image_exists
-sys.exit(not image_exists(sys.argv[1]))' "$tag" 2>>"$log"; then
-    echo "- $what $tag: the engine has it"
+  local backend=$1 tag=$2 what=$3 host
+  shift 3
+  if "$venv/bin/python" -c 'import sys; from skyrl_sandbox.backends.docker.images import image_exists
+from skyrl_sandbox.registry import get_backend
+sys.exit(not image_exists(get_backend(sys.argv[1]).engine, sys.argv[2]))' "$backend" "$tag" 2>>"$log"; then
+    echo "- $what $tag: the $backend engine has it"
     return 0
   fi
-  host=$("$venv/bin/python" -c 'from skyrl_sandbox.docker_client import docker_host; print(docker_host())')
-  if try "building $what $tag from Debian packages" "$venv/bin/python" -m "$module"; then
+  host=$("$venv/bin/python" -c 'import sys; from skyrl_sandbox.registry import get_backend
+print(get_backend(sys.argv[1]).engine.host())' "$backend")
+  if try "building $what $tag from Debian packages (on the $backend engine)" "$venv/bin/python" -m "$@"; then
     record "image $tag $host"
   else
     show_log_tail
-    docker_unavailable "$what $tag could not be built"
+    backend_unavailable "$backend" "$what $tag could not be built"
   fi
 }
+base_tag=$("$venv/bin/python" -c 'from skyrl_sandbox.backends.docker.images import BASE_TAG; print(BASE_TAG)')
 if docker_problem >/dev/null; then
-  build_image "$("$venv/bin/python" -c 'from skyrl_sandbox.images import BASE_TAG; print(BASE_TAG)')" \
-    "the sandbox base image" skyrl_sandbox.images
+  build_image docker "$base_tag" "the sandbox base image" skyrl_sandbox.backends.docker.images --backend docker
   # The terminal base image of harbor_terminal's task images (git, procps, jq, ...).
   if "$venv/bin/python" -c 'import skyrl_harbor_terminal' 2>/dev/null; then
-    build_image "$("$venv/bin/python" -c 'from skyrl_harbor_terminal.images import TERMINAL_IMAGE; print(TERMINAL_IMAGE)')" \
+    build_image docker "$("$venv/bin/python" -c 'from skyrl_harbor_terminal.images import TERMINAL_IMAGE; print(TERMINAL_IMAGE)')" \
       "the terminal base image" skyrl_harbor_terminal.images
     # Public images that task Dockerfiles start FROM (python:3.11-slim, ubuntu:24.04, ...) are built from Debian
     # packages when first needed (env.substitute_images, on unless SKYRL_SUBSTITUTE_IMAGES=0); none is built here.
@@ -426,5 +440,15 @@ for url in ("http://deb.debian.org/debian/", "https://pypi.org/simple/"):
       fi
     fi
   fi
+fi
+# The podman backend (skyrl-sandbox-podman): its first use starts podman's API service (socket, conf and log in
+# /run/skyrl-podman; it stays running, as dockerd does), which gets the sandbox base image. Images of other base
+# images (harbor_terminal's) are built there when a test first needs them.
+if problem=$(backend_problem podman); then
+  echo "- using the podman service at $("$venv/bin/python" -c 'from skyrl_sandbox.registry import get_backend
+print(get_backend("podman").engine.host())')"
+  build_image podman "$base_tag" "the sandbox base image" skyrl_sandbox.backends.docker.images --backend podman
+else
+  backend_unavailable podman "$problem"
 fi
 echo "ready: $venv/bin/skyrl (the tests: $venv/bin/python -m pytest -q -p no:cacheprovider)"

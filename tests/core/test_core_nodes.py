@@ -11,7 +11,7 @@ from pathlib import Path
 
 from skyrl_core import hookimpl
 from skyrl_core.nodes import node_resources, sweep_orphans
-from skyrl_sandbox import backend_problem
+from skyrl_sandbox import registered
 
 
 class BigMachine:
@@ -36,8 +36,8 @@ class Broken:
 
 def test_the_sandbox_plugin_offers_a_slot_per_core_of_each_backend_that_works(skyrl_plugin_manager):
     offered = node_resources(skyrl_plugin_manager)
-    working = {b for b in ("bwrap", "docker") if backend_problem(b) is None}
-    assert set(offered) == working
+    working = {b.ray_resource for b in registered().values() if b.ray_resource and b.problem() is None}
+    assert set(offered) == working and "subprocess" not in offered
     assert all(amount == float(os.cpu_count()) for amount in offered.values())
 
 

@@ -1,4 +1,4 @@
-"""Harbor terminal tests run on every machine backend this host has; CI requires both (SKYRL_REQUIRE_*=1)."""
+"""Harbor terminal tests run on every machine backend this host has; CI requires each (SKYRL_REQUIRE_*=1)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from skyrl_sandbox.machine_factory import machine_backends
 from skyrl_sandbox.testing import require_backend
 
 sys.path.insert(0, str(Path(__file__).parent))  # task_fixtures, harbor_helpers
 
-MACHINE_BACKENDS = ("docker", "bwrap")
+MACHINE_BACKENDS = machine_backends()  # every installed backend with machines: bwrap, docker, podman, ...
 
 
 @pytest.fixture(params=MACHINE_BACKENDS)

@@ -9,8 +9,14 @@ from typing import Any
 from skyrl_core import StepResult
 from skyrl_harbor_terminal.env import HarborTerminalEnv, task_rows
 from skyrl_harbor_terminal.probes import bash  # noqa: F401 - the tests' replies are the probes' own
+from skyrl_sandbox.registry import get_backend
 
 TERMINAL_IMAGE = "skyrl-terminal-base:bookworm-1"
+
+
+def runs_images(backend: str) -> bool:
+    """Whether ``backend``'s machines are containers of the task's image (else the host's own tools)."""
+    return get_backend(backend).runs_images
 
 
 def builtin_row(name: str) -> dict[str, Any]:

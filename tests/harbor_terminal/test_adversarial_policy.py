@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harbor_helpers import TERMINAL_IMAGE, bash, builtin_row, play, write_task
+from harbor_helpers import TERMINAL_IMAGE, bash, builtin_row, play, runs_images, write_task
 from skyrl_harbor_terminal.probes import ESCAPES, SHADOWS, survivor
 
 HELLO = "printf 'Hello, world!\\n' > /app/hello.txt"
@@ -69,7 +69,7 @@ def host_pid_of(machine, argv0: bytes) -> int:
     from skyrl_sandbox import cgroups
 
     for _ in range(500):
-        members = cgroups.members(machine._group) - machine._spared if machine.backend == "docker" \
+        members = cgroups.members(machine._group) - machine._spared if runs_images(machine.backend) \
             else machine.cgroup.members()
         for pid in members:
             with contextlib.suppress(OSError):
@@ -93,7 +93,7 @@ async def test_a_process_that_cannot_be_killed_gives_reward_0_and_the_reason_wit
         pytest.skip("pinning a process needs the cgroup v1 freezer (/sys/fs/cgroup/freezer)")
     row = write_task(tmp_path / "pays", {"tests/test.sh": "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"})
     task = load_task(row["task_path"])
-    spec = MachineSpec(image=TERMINAL_IMAGE if machine_backend == "docker" else None, memory_mb=256)
+    spec = MachineSpec(image=TERMINAL_IMAGE if runs_images(machine_backend) else None, memory_mb=256)
     async with await start_machine(spec, machine_backend) as machine:
         shell = await machine.open_shell()
         await shell.run("sleep 1000 & echo started", 10)
@@ -202,7 +202,7 @@ def test_a_root_agent_that_stops_its_machine_scores_0_as_its_own_failure(machine
     results, env = play(row, [bash("kill -9 -1; sleep 2; echo after"), bash("echo more"), "<done/>"],
                         backend=machine_backend)
     reward, info = scored(results)
-    if machine_backend == "docker":
+    if runs_images(machine_backend):
         assert reward == 0.0 and env.get_metrics()["agent_failures"] == 1
         assert "agent_failure" in info and "could not run" in info["reward_problem"]
     else:  # the agent's PID namespace holds only its own processes: its machine goes on, the tests run
@@ -222,12 +222,12 @@ mkfifo /logs/agent/fifo; ln -s / /app/root-link; echo planted"""
 
 
 def test_an_image_volume_is_removed_with_its_episode(docker_backend: str, tmp_path: Path):
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.backends.docker.client import DOCKER
 
     row = write_task(tmp_path / "volume", {
         "environment/Dockerfile": f"FROM {TERMINAL_IMAGE}\nWORKDIR /app\nVOLUME /data\n",
         "tests/test.sh": "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n"}, base_only=False)
-    api = shared_client().api
+    api = DOCKER.shared_client().api
     before = {volume["Name"] for volume in api.volumes().get("Volumes") or []}
     for _ in range(2):
         results, _ = play(row, [bash("echo secret > /data/kept && ls /data"), "<done/>"], backend=docker_backend)
@@ -244,10 +244,12 @@ def leftovers(owner: int) -> dict[str, list[str]]:
 
     found: dict[str, list[str]] = {"containers": [], "volumes": [], "cgroups": [], "folders": []}
     if os.environ.get("SKYRL_REQUIRE_DOCKER") == "1" or _docker_answers():
-        from skyrl_sandbox.docker_engine import OWNER_LABEL, shared_client
+        from skyrl_sandbox.backends.docker.client import DOCKER
+        from skyrl_sandbox.backends.docker.worker import OWNER_LABEL
 
-        api = shared_client().api
-        found["containers"] = [c["Id"][:12] for c in api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})]
+        api = DOCKER.shared_client().api
+        found["containers"] = [c["Id"][:12]
+                               for c in api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})]
         found["volumes"] = [volume["Name"] for volume in api.volumes().get("Volumes") or []]
     support = cgroup_support()
     if support is not None:
@@ -258,9 +260,9 @@ def leftovers(owner: int) -> dict[str, list[str]]:
 
 
 def _docker_answers() -> bool:
-    from skyrl_sandbox.docker_engine import engine_problem
+    from skyrl_sandbox.backends.docker.client import DOCKER
 
-    return engine_problem() is None
+    return DOCKER.problem() is None
 
 
 def test_after_hostile_episodes_no_container_volume_cgroup_or_folder_remains(machine_backend: str):

@@ -26,7 +26,7 @@ from skyrl_harbor_terminal.builds import build_task_image, task_image_tag
 from skyrl_harbor_terminal.config import HarborTerminalConfig
 from skyrl_harbor_terminal.services import service_image_tag
 from skyrl_harbor_terminal.task import load_task
-from skyrl_sandbox.images import ImageBuildError
+from skyrl_sandbox.backends.docker.images import ImageBuildError
 
 TRUST = [f"COPY --from=trust:1 {FOLDER}/ {FOLDER}/\n", *(f"ARG {key}={value}\n" for key, value in VARIABLES.items())]
 REMOVE = f'RUN ["rm", "-rf", "{FOLDER}"]\n'
@@ -194,9 +194,9 @@ def egress_needs_extra_cas() -> str | None:
 
 def clean(tag: str, script: str = "true") -> str:
     """What ``script`` prints in a container of ``tag``, after checking the image keeps no trust."""
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.backends.docker.client import DOCKER
 
-    client = shared_client()
+    client = DOCKER.shared_client()
     config = client.api.inspect_image(tag)["Config"]
     assert not {entry.split("=", 1)[0] for entry in config.get("Env") or []} & set(VARIABLES), config["Env"]
     output = client.containers.run(tag, ["sh", "-c", f"test ! -e {FOLDER} && env && {script}"], network_mode="none",
@@ -258,17 +258,19 @@ def test_a_multi_stage_build_ending_as_a_non_root_user_trusts_every_running_stag
         "RUN python3 -c \"import urllib.request as u; u.urlopen('https://pypi.org/simple/idna/', timeout=60)\"\n")
     tag = "skyrl-harbor/test-build-trust-multi:1"
     config = HarborTerminalConfig(build_network=True, build_logs=str(tmp_path))
-    asyncio.run(build_task_image("the multi-stage test image", context, "Dockerfile", tag, config, timeout_s=300))
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.backends.docker.client import DOCKER
+
+    asyncio.run(build_task_image(DOCKER, "the multi-stage test image", context, "Dockerfile", tag, config,
+                                 timeout_s=300))
 
     try:
-        assert shared_client().api.inspect_image(tag)["Config"]["User"] == "runner"
+        assert DOCKER.shared_client().api.inspect_image(tag)["Config"]["User"] == "runner"
         output = clean(tag, "ls -A /ctx; cat /notes.txt; python3 -c 'import six; print(six.__name__)'")
         assert output.endswith("Dockerfile\nnotes.txt\nnotes\nsix\n"), output  # COPY . took nothing of ours
         log = (tmp_path / "skyrl-harbor_test-build-trust-multi_1.log").read_text()
         assert "RUN steps trust " in log.splitlines()[1] and "(env.build_ca_bundle)" in log
     finally:
-        shared_client().api.remove_image(tag, force=True)
+        DOCKER.shared_client().api.remove_image(tag, force=True)
 
 
 @pytest.mark.docker

@@ -19,7 +19,8 @@ from skyrl_harbor_terminal import env as env_module
 from skyrl_harbor_terminal.env import HarborTerminalEnv, resolve_backend
 from skyrl_harbor_terminal.provision import TaskEnvironmentError, bwrap_recipe
 from skyrl_harbor_terminal.task import TaskFormatError, load_task
-from skyrl_sandbox.docker_engine import owner_labels, shared_client
+from skyrl_sandbox.backends.docker.client import DOCKER
+from skyrl_sandbox.backends.docker.worker import owner_labels
 from skyrl_sandbox.testing import NO_ROUTE_PROBE
 
 COMPOSE_API = Path(__file__).parent / "tasks" / "compose-api"
@@ -43,7 +44,7 @@ def compose_task(root: Path, compose: str, **files: str) -> dict[str, Any]:
 def our_containers() -> list[dict[str, Any]]:
     """Sandbox containers (machines and sidecars) of this test process, running or not."""
     labels = [f"{key}={value}" for key, value in owner_labels().items()]
-    return shared_client().api.containers(all=True, filters={"label": labels})
+    return DOCKER.shared_client().api.containers(all=True, filters={"label": labels})
 
 
 @pytest.fixture
@@ -197,16 +198,17 @@ def test_compose_tasks_never_run_on_bwrap(tmp_path: Path, monkeypatch: pytest.Mo
     row = compose_task(tmp_path, SIDECAR)  # write_task declares base_packages_only = true
     task = load_task(tmp_path)
     assert task.environment.base_packages_only
-    with pytest.raises(TaskEnvironmentError, match=r"needs Docker: its environment/docker-compose.yaml runs "
-                                                   r"services \(api\)"):
-        bwrap_recipe(task)
-    monkeypatch.setattr(env_module, "_docker_problem", lambda: "no Docker Engine answers")
-    with pytest.raises(TaskEnvironmentError, match=r"needs Docker \(its docker-compose.yaml runs services"):
+    with pytest.raises(TaskEnvironmentError, match=r"needs a container runtime \(docker\b.*\): its "
+                                                   r"environment/docker-compose.yaml runs services \(api\)"):
+        bwrap_recipe(task, "bwrap")
+    monkeypatch.setattr(env_module, "_image_problem", lambda backend: "no Docker Engine answers")
+    with pytest.raises(TaskEnvironmentError, match=r"needs a container runtime \(docker\b.*\) \(its docker-compose"
+                                                   r".yaml runs services.*docker: no Docker Engine answers"):
         resolve_backend("auto", task)  # never bwrap, though the task declares base_packages_only
-    monkeypatch.setattr(env_module, "_docker_problem", lambda: None)
+    monkeypatch.setattr(env_module, "_image_problem", lambda backend: None)
     assert resolve_backend("auto", task) == "docker"
     results, _ = play(row, [bash("true", done=True)], backend="bwrap")
-    assert "needs Docker: its environment/docker-compose.yaml" in results[-1].info["error"]
+    assert "its environment/docker-compose.yaml runs services" in results[-1].info["error"]
 
 
 # -- on docker ---------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from harbor_helpers import bash, builtin_row, write_task
 from skyrl_harbor_terminal.env import HarborTerminalEnv
 from skyrl_harbor_terminal.provision import task_image_tag
 from skyrl_harbor_terminal.task import load_task
-from skyrl_sandbox.docker_engine import owner_labels, shared_client
+from skyrl_sandbox.backends.docker.client import DOCKER
+from skyrl_sandbox.backends.docker.worker import owner_labels
 
 SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
 PASS_SH = "#!/bin/bash\n[ -f /app/marker ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
@@ -29,7 +30,7 @@ PASS_SH = "#!/bin/bash\n[ -f /app/marker ] && echo 1 > /logs/verifier/reward.txt
 
 def remove_image(tag: str) -> None:
     try:
-        shared_client().images.remove(tag, force=True)
+        DOCKER.shared_client().images.remove(tag, force=True)
     except docker.errors.ImageNotFound:
         pass
 
@@ -55,7 +56,7 @@ class ContainerWatch:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []  # (action, container id)
-        self._stream = shared_client().api.events(decode=True, filters={
+        self._stream = DOCKER.shared_client().api.events(decode=True, filters={
             "type": "container", "event": ["create", "destroy"],
             "label": [f"{key}={value}" for key, value in owner_labels().items()]})
         self._thread = threading.Thread(target=self._follow, daemon=True)

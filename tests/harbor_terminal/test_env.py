@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from harbor_helpers import bash, builtin_row, play, write_task
 from skyrl_harbor_terminal.env import HarborTerminalEnv
-from skyrl_sandbox.docker_engine import owner_labels, shared_client
+from skyrl_sandbox.backends.docker.client import DOCKER
+from skyrl_sandbox.backends.docker.worker import owner_labels
 
 SOLVE = "printf 'Hello, world!\\n' > /app/hello.txt"
 RESTARTED = "[the shell exited or could not be interrupted and was started again"
@@ -33,7 +34,7 @@ def text(result: Any) -> str:
 def our_containers() -> list[dict[str, Any]]:
     """Sandbox containers of this test process (its pid and start time), running or not."""
     labels = [f"{key}={value}" for key, value in owner_labels().items()]
-    return shared_client().api.containers(all=True, filters={"label": labels})
+    return DOCKER.shared_client().api.containers(all=True, filters={"label": labels})
 
 
 # -- the persistent shell ------------------------------------------------------------------------------

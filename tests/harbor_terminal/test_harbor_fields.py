@@ -128,6 +128,7 @@ def test_collect_commands_are_read_for_the_agents_machine_and_refused_for_other_
 
 def test_the_bwrap_backend_refuses_tests_that_run_apart(tmp_path: Path):
     toml = '[metadata.skyrl]\nbase_packages_only = true\n[verifier]\nenvironment_mode = "separate"\n'
-    with pytest.raises(TaskEnvironmentError, match=r'needs Docker: its tests run in a machine of their own \(\[verifier\] '
-                                        r'environment_mode = "separate"\)'):
-        bwrap_recipe(load(tmp_path, toml))
+    with pytest.raises(TaskEnvironmentError, match=r'needs a container runtime \(docker\b.*\): its tests run in a '
+                                                   r'machine of their own \(\[verifier\] environment_mode = '
+                                                   r'"separate"\)'):
+        bwrap_recipe(load(tmp_path, toml), "bwrap")

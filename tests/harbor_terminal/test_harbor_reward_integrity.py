@@ -20,9 +20,10 @@ config in a repository the tests might run git in as root. Their scripts are
 from __future__ import annotations
 
 import pytest
-from harbor_helpers import TERMINAL_IMAGE, bash, builtin_row, play
+from harbor_helpers import TERMINAL_IMAGE, bash, builtin_row, play, runs_images
 from skyrl_harbor_terminal.env import BUILTIN_TASKS
 from skyrl_harbor_terminal.probes import LOOP, PAYLOAD, PRELUDE, REWARD, TRICKS
+from skyrl_sandbox.machine_factory import machine_backends
 
 # The tasks each trick is played on: where it would pay if it worked.
 TRICK_TASKS: dict[str, tuple[str, ...]] = {
@@ -42,10 +43,10 @@ TRICK_TASKS: dict[str, tuple[str, ...]] = {
     "git hooks and config": ("git-branch-commit", "git-find-commit"),
 }
 
-DOCKER_ONLY = {"fix-median-bug", "word-counter-project"}  # [metadata.skyrl] tests_run_agent_code
+IMAGES_ONLY = {"fix-median-bug", "word-counter-project"}  # [metadata.skyrl] tests_run_agent_code
 CASES = [pytest.param(trick, task, backend, id=f"{backend}-{trick}-{task}")
-         for backend in ("docker", "bwrap") for trick, tasks in TRICK_TASKS.items() for task in tasks
-         if backend == "docker" or task not in DOCKER_ONLY]
+         for backend in machine_backends() for trick, tasks in TRICK_TASKS.items() for task in tasks
+         if runs_images(backend) or task not in IMAGES_ONLY]
 
 
 def honest_solve(task: str) -> str:
@@ -83,9 +84,10 @@ def test_a_trick_scores_0_and_an_honest_solve_after_it_scores_1(trick: str, task
 # --- tests that run the agent's own code ------------------------------------------------------------------
 
 def agent_code_cases(task: str) -> list:
-    """Docker only: on bwrap the agent and the tests share one host user, so such tasks are refused there
-    (test_oracle.py::test_bwrap_refuses_a_task_whose_tests_run_the_agents_code)."""
-    return [pytest.param(task, "docker", id=f"{task}-docker")]
+    """Backends that run images only: on bwrap the agent and the tests share one host user, so such tasks are
+    refused there (test_oracle.py::test_bwrap_refuses_a_task_whose_tests_run_the_agents_code)."""
+    return [pytest.param(task, backend, id=f"{task}-{backend}")
+            for backend in machine_backends() if runs_images(backend)]
 
 
 MEDIAN_WRITER = f"""cat >> /app/stats.py <<'EOF'
@@ -166,11 +168,12 @@ async def test_docker_roots_git_refuses_a_repository_the_agent_owns(docker_backe
     agent's hooks anyway: git refuses a repository of another user ("dubious ownership"). On bwrap the agent's
     files belong to the same host uid as root's, so git would trust it: the built-in git tasks copy the objects
     into a fresh root-owned bare repository instead (see the "git hooks and config" trick)."""
-    from skyrl_sandbox import images
+    from skyrl_sandbox.backends.docker import images
+    from skyrl_sandbox.backends.docker.client import DOCKER
     from skyrl_sandbox.machine import MachineSpec
     from skyrl_sandbox.machine_factory import start_machine
 
-    images.ensure_base_image(TERMINAL_IMAGE)
+    images.ensure_base_image(DOCKER, TERMINAL_IMAGE)
     async with await start_machine(MachineSpec(image=TERMINAL_IMAGE, memory_mb=256), docker_backend) as machine:
         planted = await machine.exec(["bash", "-c", f"""{PRELUDE}
 git init -q /app/repo && cd /app/repo && git config user.email a@b && git config user.name a

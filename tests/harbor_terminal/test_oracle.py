@@ -137,7 +137,7 @@ def test_bwrap_refuses_a_task_whose_tests_run_the_agents_code(bwrap_backend: str
     finally:
         env.close()
     assert result.truncated and result.reward == 0.0
-    assert "needs Docker" in result.info["error"] and "tests_run_agent_code" in result.info["error"]
+    assert "needs a container runtime" in result.info["error"] and "tests_run_agent_code" in result.info["error"]
 
 
 def test_bwrap_multi_step_mean_reward(bwrap_backend: str) -> None:

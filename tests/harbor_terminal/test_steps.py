@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harbor_helpers import bash, play, write_task
+from harbor_helpers import bash, play, runs_images, write_task
 from skyrl_harbor_terminal.env import HarborTerminalEnv
 from skyrl_harbor_terminal.task import Artifact, Healthcheck, TaskFormatError, load_task
 
@@ -348,7 +348,7 @@ def test_links_the_agent_leaves_do_not_send_the_next_steps_files_into_the_tests(
                             "<done/>"], backend=machine_backend)
     last = results[-1]
     assert last.info["step_rewards"][0] == 1.0 and last.info["step_rewards"][1] == 0.0 and last.reward == 0.5
-    if machine_backend == "docker":  # the copy runs as the agent: root's folders refuse it, scored as its failure
+    if runs_images(machine_backend):  # the copy runs as the agent: root's folders refuse it, scored as its failure
         assert "uploading step two's workdir/ into /app as agent failed" in last.info["agent_failure"]
         assert "cannot overwrite non-directory '/app/./probe'" in last.info["agent_failure"]
         assert "'/app/./notes.txt': Permission denied" in last.info["agent_failure"]

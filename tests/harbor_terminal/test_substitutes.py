@@ -239,7 +239,7 @@ def test_plan_build_refuses_unavailable_images_and_a_disabled_map_clearly(tmp_pa
     with pytest.raises(UnavailableImage) as raised:
         plan_build(recipe, enabled=False, exists=lambda ref: False)
     message = str(raised.value)
-    assert f"{recipe}:1: FROM python:3.11-slim: the image is not on this Docker Engine" in message
+    assert f"{recipe}:1: FROM python:3.11-slim: the image is not on the engine" in message
     assert "could build it from Debian bookworm packages, but it is off: set env.substitute_images=true" in message
 
 
@@ -308,25 +308,26 @@ def test_skyrl_harbor_images_says_when_no_engine_answers(tmp_path: Path) -> None
 def python_substitute() -> str:
     """The substitute of python:3.11-slim-bookworm on the engine (built once per engine, ~30 s)."""
     require_backend("docker")
-    from skyrl_sandbox import images
+    from skyrl_sandbox.backends.docker import images
+    from skyrl_sandbox.backends.docker.client import DOCKER
 
     tag = substitute_for("python:3.11-slim-bookworm").declare()
     started = time.monotonic()
-    images.ensure_base_image(tag, progress=lambda line: None)
+    images.ensure_base_image(DOCKER, tag, progress=lambda line: None)
     print(f"{tag} ready in {time.monotonic() - started:.1f} s")
     return tag
 
 
 def inspect(tag: str) -> dict[str, Any]:
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.backends.docker.client import DOCKER
 
-    return shared_client().api.inspect_image(tag)["Config"]
+    return DOCKER.shared_client().api.inspect_image(tag)["Config"]
 
 
 def run_in(tag: str, script: str) -> str:
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.backends.docker.client import DOCKER
 
-    client = shared_client()
+    client = DOCKER.shared_client()
     return client.containers.run(tag, ["bash", "-c", script], network_mode="none", remove=True,
                                  stderr=True).decode()
 
@@ -394,8 +395,8 @@ def test_an_offline_run_step_that_needs_the_network_says_why_and_what_to_do(pyth
 def test_a_rewritten_dockerfile_builds_from_an_archive_and_keeps_the_digest_cache(docker_backend: str,
                                                                                   tmp_path: Path) -> None:
     from harbor_helpers import TERMINAL_IMAGE
-    from skyrl_sandbox import images
-    from skyrl_sandbox.docker_engine import shared_client
+    from skyrl_sandbox.backends.docker import images
+    from skyrl_sandbox.backends.docker.client import DOCKER
 
     context = tmp_path / "context"
     context.mkdir()
@@ -407,21 +408,21 @@ def test_a_rewritten_dockerfile_builds_from_an_archive_and_keeps_the_digest_cach
     tag = "skyrl-substitutes-test/rewritten:1"
     messages: list[str] = []
     try:
-        images.build_image(context, tag, dockerfile_text=text, force=True, notes=["note: FROM rewritten"],
+        images.build_image(DOCKER, context, tag, dockerfile_text=text, force=True, notes=["note: FROM rewritten"],
                            log_file=tmp_path / "build.log", progress=messages.append)
         assert messages[1] == "note: FROM rewritten"
         assert (tmp_path / "build.log").read_text().startswith("note: FROM rewritten\n")
-        listing = shared_client().containers.run(tag, ["cat", "/listing"], network_mode="none", remove=True)
+        listing = DOCKER.shared_client().containers.run(tag, ["cat", "/listing"], network_mode="none", remove=True)
         assert listing.decode().split() == [".dockerignore", "Dockerfile", "data.txt"]  # not ours, not ignored ones
         assert (context / "Dockerfile").read_text() == "FROM no-such-image:on-disk\n"
         messages.clear()
-        images.build_image(context, tag, dockerfile_text=text, progress=messages.append)
+        images.build_image(DOCKER, context, tag, dockerfile_text=text, progress=messages.append)
         assert messages == [f"{tag} is up to date with {context}"]
         messages.clear()
-        images.build_image(context, tag, dockerfile_text=text + "RUN true\n", progress=messages.append)
+        images.build_image(DOCKER, context, tag, dockerfile_text=text + "RUN true\n", progress=messages.append)
         assert messages[-1].startswith(f"built {tag} in ")  # another text is another image
     finally:
-        shared_client().api.remove_image(tag, force=True)
+        DOCKER.shared_client().api.remove_image(tag, force=True)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from skyrl_harbor_terminal.env import BUILTIN_TASKS
 from skyrl_harbor_terminal.task import HarborTask, TaskFormatError, load_task
 from skyrl_harbor_terminal.task_model import TEST_HELPERS_DIR
-from skyrl_sandbox.launch import bwrap_base_argv
+from skyrl_sandbox.backends.bwrap.plan import bwrap_base_argv
 from task_fixtures import MINIMAL_TOML, TEST_SH, write_files, write_task
 
 TREE_CHECK = TEST_HELPERS_DIR / "tree_check.py"

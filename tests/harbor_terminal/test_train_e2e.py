@@ -35,9 +35,10 @@ def _task_subset(folder: Path, *more: Path) -> Path:
 
 
 def _containers_of(pid: int) -> list[str]:
-    from skyrl_sandbox.docker_engine import OWNER_LABEL, shared_client
+    from skyrl_sandbox.backends.docker.client import DOCKER
+    from skyrl_sandbox.backends.docker.worker import OWNER_LABEL
 
-    found = shared_client().api.containers(all=True, filters={"label": [f"{OWNER_LABEL}={pid}"]})
+    found = DOCKER.shared_client().api.containers(all=True, filters={"label": [f"{OWNER_LABEL}={pid}"]})
     return [container["Id"][:12] for container in found]
 
 

@@ -38,6 +38,7 @@ from skyrl_rlm_repl.rewards import MAX_SCORED_SNIPPETS, MAX_SNIPPETS_PER_EVIDENC
 from skyrl_rlm_repl.sandbox import Sandbox
 from skyrl_rlm_repl.tree import RLMTreeConfig, RLMTreeGenerator
 from skyrl_sandbox.cgroups import cgroup_support
+from skyrl_sandbox.registry import get_backend
 
 # The probes' attacks (skyrl check rlm_repl --adversarial plays them too), here with the right answer.
 LEAVE_FRAMES_BEHIND = leave_frames_behind("'Paris'")
@@ -129,13 +130,14 @@ async def test_a_thread_bomb_stops_at_max_processes(backend):
 
 async def test_the_worker_sits_in_cgroups_with_the_configured_limits(backend):
     support = cgroup_support()
-    if support is None and backend != "docker":  # a container's groups are the engine's own
+    in_container = get_backend(backend).owns_limits  # a container's groups are the engine's own
+    if support is None and not in_container:
         require_cgroup_as_root()
         pytest.skip("no writable cgroup here (RLIMIT_NPROC binds for this non-root user)")
     config = hostile_config(backend, max_processes=20, memory_mb=300, tmp_size_mb=16)
     async with await Sandbox.create(config) as box:
         pid = box.pid
-        if backend == "docker":
+        if in_container:
             pids_dir, memory_dir = process_groups(pid, "pids"), process_groups(pid, "memory")
         else:
             pids_dir, memory_dir = box._worker.cgroup.dirs[0], box._worker.cgroup.dirs[-1]
@@ -144,8 +146,8 @@ async def test_the_worker_sits_in_cgroups_with_the_configured_limits(backend):
         limit_file = "memory.limit_in_bytes" if (memory_dir / "memory.limit_in_bytes").exists() else "memory.max"
         memory_max = int((memory_dir / limit_file).read_text())
     assert str(pid) in members
-    # bwrap's own two processes; docker: the container's init
-    assert pids_max == 20 + {"bwrap": 2, "docker": 1}.get(backend, 0)
+    # bwrap's own two processes; a container's init
+    assert pids_max == 20 + (1 if in_container else {"bwrap": 2}.get(backend, 0))
     assert memory_max == (300 + 16) * 2**20
     assert not pids_dir.exists()  # removed with the worker
 
@@ -173,9 +175,9 @@ async def test_no_tmpfs_but_the_bounded_tmp_is_writable(backend, path):
     async with await Sandbox.create(hostile_config(backend)) as box:
         result = await box.execute(DISABLE_POLICY + f"try:\n    open({path!r}, 'wb').write(b'x' * 2**20)\n"
                                    "except OSError as exc:\n    print(exc.strerror)")
-    # Where nothing is mounted at all there is no file system to pin memory in either (docker: a private IPC
+    # Where nothing is mounted at all there is no file system to pin memory in either (a container's private IPC
     # namespace has no /dev/shm; bwrap's /dev has no /dev/mqueue).
-    absent = path == {"docker": "/dev/shm/pinned", "bwrap": "/dev/mqueue/pinned"}[backend]
+    absent = path == ("/dev/shm/pinned" if get_backend(backend).engine else "/dev/mqueue/pinned")
     expected = ("No such file or directory\n",) if absent else ("Read-only file system\n", "Permission denied\n")
     assert result.error is None and result.stdout in expected
 

@@ -143,7 +143,7 @@ def test_reports_its_sandbox_backend(make_env):
     env = make_env()
     result = env.step(repl("print(1)"))
     assert result.info["sandbox_backend"] in ("bwrap", "subprocess")
-    assert env.get_metrics()["sandbox_bwrap"] == float(result.info["sandbox_backend"] == "bwrap")
+    assert env.get_metrics()["sandbox_strong"] == float(result.info["sandbox_backend"] == "bwrap")
 
 
 def test_sandbox_starts_lazily_and_close_is_idempotent(make_env):

@@ -26,6 +26,7 @@ from hostile import (
 )
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxError
 from skyrl_rlm_repl.sandbox import sandbox as sandbox_module
+from skyrl_sandbox import get_backend
 from skyrl_sandbox.cgroups import cgroup_support
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,8 +42,9 @@ def host_secret(tmp_path) -> Path:
 
 
 def in_sandbox_tmp(box: Sandbox, path: str | Path) -> bool:
-    """With bwrap and docker, /tmp inside the sandbox is a private tmpfs, so host paths there simply do not exist."""
-    return box.backend in ("bwrap", "docker") and str(path).startswith("/tmp/")
+    """With a strong backend (bwrap, a container), /tmp inside the sandbox is a private tmpfs, so host paths there
+    simply do not exist."""
+    return get_backend(box.backend).strong and str(path).startswith("/tmp/")
 
 
 # --- files outside the sandbox --------------------------------------------------------------------
@@ -257,10 +259,10 @@ async def group_gone(pgid: int, within_s: float = 10.0) -> bool:
     return False
 
 
-async def test_allowing_subprocesses_without_bwrap_is_refused(backend):
-    if backend == "bwrap":
-        pytest.skip("bwrap is the backend that allows them")
-    with pytest.raises(SandboxError, match="allow_subprocesses needs the bwrap backend"):
+async def test_allowing_subprocesses_on_a_backend_that_does_not_hold_children_is_refused(backend):
+    if get_backend(backend).holds_children:
+        pytest.skip(f"{backend} holds child processes: it allows them")
+    with pytest.raises(SandboxError, match="allow_subprocesses needs a backend that holds child processes"):
         await Sandbox.create(hostile_config(backend, allow_subprocesses=True))
 
 

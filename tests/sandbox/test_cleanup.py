@@ -46,9 +46,10 @@ def gone(pid: int) -> bool:
 
 
 def containers_of(owner: int) -> list[str]:
-    from skyrl_sandbox.docker_engine import OWNER_LABEL, client
+    from skyrl_sandbox.backends.docker.client import DOCKER
+    from skyrl_sandbox.backends.docker.worker import OWNER_LABEL
 
-    return [c.id for c in client().containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})]
+    return [c.id for c in DOCKER.client().containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})]
 
 
 def test_a_sigkilled_owner_leaves_nothing_behind_after_the_next_start():

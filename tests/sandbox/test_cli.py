@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
-from skyrl_sandbox.backends import bwrap_problem
+from skyrl_sandbox import backend_names
+from skyrl_sandbox.backends.bwrap.probe import bwrap_problem
+from skyrl_sandbox.choice import strong_names
 
 
 def doctor(**env: str) -> subprocess.CompletedProcess:
@@ -17,14 +20,16 @@ def doctor(**env: str) -> subprocess.CompletedProcess:
 def test_doctor_lists_every_backend_and_protection():
     done = doctor()
     names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
-    assert names[:5] == ["bwrap", "docker", "subprocess", "cgroups", "seccomp"]
+    assert names == [*backend_names(), "cgroups", "seccomp", "backend"]  # every installed one, in auto's order
+    assert re.search(r"^subprocess +opt-in +weaker, used only when a config names it: a plain child", done.stdout, re.M)
     if bwrap_problem() is None:
-        assert done.returncode == 0 and "backend 'auto' picks: bwrap" in done.stdout
+        assert done.returncode == 0 and re.search(r"^bwrap +ok +ready: bubblewrap namespaces", done.stdout, re.M)
+        assert "backend 'auto' picks: bwrap" in done.stdout
 
 
 def test_doctor_says_what_is_missing_and_fails_when_nothing_strong_works():
     done = doctor(PATH="/nonexistent", DOCKER_HOST="unix:///nonexistent/docker.sock")
     assert done.returncode == 1
-    assert "bwrap       missing  bwrap is not installed" in done.stdout
-    assert "docker      missing" in done.stdout and "no Docker Engine answers" in done.stdout
-    assert "backend 'auto' picks: nothing (install bubblewrap or Docker)" in done.stdout
+    assert re.search(r"^bwrap +missing +bwrap is not installed\. To fix: install bubblewrap", done.stdout, re.M)
+    assert re.search(r"^docker +missing +no Docker [Ee]ngine answers .*To fix: install the docker", done.stdout, re.M)
+    assert f"backend 'auto' picks: nothing (install one of: {', '.join(strong_names())})" in done.stdout

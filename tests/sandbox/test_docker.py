@@ -1,7 +1,8 @@
-"""The docker backend on a real Docker Engine: container settings, the REPL on it, containment, channel abuse, sweeping.
+"""Each container backend (docker, podman) on its real engine: container settings, the REPL on it, containment,
+channel abuse, sweeping.
 
 Skipped with the reason where no engine answers (or the base image can neither be found nor built);
-with SKYRL_REQUIRE_DOCKER=1 (CI) that is a failure instead.
+with SKYRL_REQUIRE_<BACKEND>=1 (CI) that is a failure instead.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from skyrl_sandbox import (
     WorkerGone,
     WorkerProgram,
     demux,
-    docker_client,
-    docker_engine,
-    images,
 )
-from skyrl_sandbox.images import base_image_unavailable
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.backends.docker import worker as container_worker
+from skyrl_sandbox.backends.docker.client import DOCKER
+from skyrl_sandbox.backends.docker.images import base_image_unavailable
+from skyrl_sandbox.registry import get_backend, registered
 
 pytestmark = pytest.mark.docker
 
@@ -38,25 +40,35 @@ REPL_DISABLE_POLICY = ("import gc\n"
                        "type(policy).check.__code__ = (lambda self, event, args: None).__code__\n")
 
 
-def require_docker() -> None:
-    """Skip with the reason where Docker cannot run sandboxes here; fail instead under SKYRL_REQUIRE_DOCKER=1."""
-    problem = base_image_unavailable()
-    if problem is None:
-        return
-    if os.environ.get("SKYRL_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"SKYRL_REQUIRE_DOCKER=1 but the docker backend cannot run here: {problem}")
-    pytest.skip(f"the docker backend cannot run here: {problem}")
+CONTAINER_BACKENDS = [name for name, backend in registered().items() if backend.engine is not None]
+
+
+@pytest.fixture(scope="module", params=CONTAINER_BACKENDS)
+def backend(request) -> str:
+    """Each container backend in turn: skipped with the reason where it cannot run sandboxes here (no engine, or
+    no base image and no way to build it); failed instead under SKYRL_REQUIRE_<BACKEND>=1."""
+    problem = base_image_unavailable(get_backend(request.param).engine)
+    if problem is not None:
+        if os.environ.get(f"SKYRL_REQUIRE_{request.param.upper()}") == "1":
+            pytest.fail(f"SKYRL_REQUIRE_{request.param.upper()}=1 but the {request.param} backend cannot run here: "
+                        f"{problem}")
+        pytest.skip(f"the {request.param} backend cannot run here: {problem}")
+    images.ensure_base_image(get_backend(request.param).engine)
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def api():
-    require_docker()
-    images.ensure_base_image()
-    return docker_engine.shared_client().api
+def engine(backend):
+    return get_backend(backend).engine
+
+
+@pytest.fixture(scope="module")
+def api(engine):
+    return engine.shared_client().api
 
 
 def labelled(api, **labels: str) -> list[dict]:
-    wanted = [f"{docker_engine.LABEL}=1", *(f"{key}={value}" for key, value in labels.items())]
+    wanted = [f"{container_worker.LABEL}=1", *(f"{key}={value}" for key, value in labels.items())]
     return api.containers(all=True, filters={"label": wanted})
 
 
@@ -92,7 +104,8 @@ def identity(message, channel):
     status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
     return {"uid": os.getuid(), "gid": os.getgid(), "pid": os.getpid(), "ppid": os.getppid(),
             "cap_eff": status["CapEff"].strip(), "cap_bnd": status["CapBnd"].strip(),
-            "no_new_privs": status["NoNewPrivs"].strip(), "env": dict(os.environ), "cwd": os.getcwd()}
+            "no_new_privs": status["NoNewPrivs"].strip(), "env": dict(os.environ), "cwd": os.getcwd(),
+            "ipc_namespace": os.readlink("/proc/self/ns/ipc")}
 
 
 def writes(message, channel):
@@ -200,8 +213,8 @@ LIMITS = Limits(cpu_time_s=20, memory_mb=256, max_processes=8, tmp_size_mb=8, ma
 
 
 @pytest.fixture
-async def worker(api, program):
-    started = await asyncio.to_thread(docker_engine.start_container_worker, program, LIMITS)
+async def worker(backend, api, program):
+    started = await asyncio.to_thread(get_backend(backend).start_worker, program, LIMITS, None)
     await started.attach()
     yield started
     await started.wait()
@@ -214,39 +227,42 @@ async def ask(worker, op: str, **fields) -> dict:
 
 # --- the container's settings ------------------------------------------------------------------------
 
-async def test_container_settings_lock_the_worker_down(api, program, worker):
+async def test_container_settings_lock_the_worker_down(backend, api, program, worker):
     info = api.inspect_container(worker.container_id)
     host, config = info["HostConfig"], info["Config"]
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
-    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"] and not host["Privileged"]
+    # Docker reports ["ALL"], podman each capability it dropped: the worker's own view (CapEff, CapBnd) below is the proof
+    assert host["CapDrop"] and not host["CapAdd"] and not host["Privileged"]
     assert "no-new-privileges" in host["SecurityOpt"]
-    assert host["PidsLimit"] == LIMITS.max_processes + docker_engine.INIT_TASKS
+    assert host["PidsLimit"] == LIMITS.max_processes + container_worker.INIT_TASKS
     assert host["Memory"] == host["MemorySwap"] == LIMITS.pinned_memory_bytes
-    assert host["NanoCpus"] == docker_engine.CPU_LIMIT_NANOS
-    assert host["IpcMode"] == "none" and host["Init"] is True and host["LogConfig"]["Type"] == "none"
+    assert host["NanoCpus"] == container_worker.CPU_LIMIT_NANOS
+    assert host["Init"] is True and host["LogConfig"]["Type"] == "none"
     assert f"size={LIMITS.tmp_size_mb}m" in host["Tmpfs"]["/tmp"] and host["Tmpfs"]["/dev/mqueue"].startswith("ro,")
-    assert config["Labels"][docker_engine.LABEL] == "1"
-    assert config["Labels"][docker_engine.OWNER_LABEL] == str(os.getpid())
-    assert config["Labels"][docker_engine.MACHINE_LABEL] == docker_engine.machine_id()
+    assert config["Labels"][container_worker.LABEL] == "1"
+    assert config["Labels"][container_worker.OWNER_LABEL] == str(os.getpid())
+    assert config["Labels"][container_worker.MACHINE_LABEL] == container_worker.machine_id()
     mounts = {mount["Destination"]: mount for mount in info["Mounts"]}
     assert set(mounts) == {"/skyrl/lib/skyrl_sandbox_runtime", "/skyrl/lib/skyrl_docker_test_worker", "/skyrl/inbox"}
     assert not any(mount["RW"] for mount in mounts.values())
     uid, gid = map(int, config["User"].split(":"))
-    assert uid == gid >= docker_engine.UID_RANGE[0]
+    assert uid == gid >= container_worker.UID_RANGE[0]
 
     seen = await ask(worker, "identity")
     assert (seen["uid"], seen["gid"]) == (uid, gid)
     assert int(seen["cap_eff"], 16) == int(seen["cap_bnd"], 16) == 0 and seen["no_new_privs"] == "1"
-    assert seen["ppid"] == 1 and seen["pid"] != 1  # docker-init is PID 1: the worker is an ordinary process
+    assert seen["ppid"] == 1 and seen["pid"] != 1  # the engine's init is PID 1: the worker is an ordinary process
     assert seen["cwd"] == "/tmp" and "OPENAI_API_KEY" not in seen["env"] and seen["env"]["HOME"] == "/tmp"
-    assert worker.backend == "docker" and worker.cgroup is None
+    # IPC mode none (podman reports it as "shareable"): an IPC namespace of its own, and no /dev/shm (tested below)
+    assert seen["ipc_namespace"] != os.readlink("/proc/self/ns/ipc")
+    assert worker.backend == backend and worker.cgroup is None
     assert worker.plan.inside_read_roots == ("/skyrl/lib/skyrl_sandbox_runtime", "/skyrl/lib/skyrl_docker_test_worker",
                                              "/skyrl/inbox")
 
 
-async def test_each_container_runs_as_a_uid_of_its_own(api, program, worker):
+async def test_each_container_runs_as_a_uid_of_its_own(backend, program, worker):
     """RLIMIT_NPROC counts per uid: with a shared uid one sandbox's threads would use up another's."""
-    other = await asyncio.to_thread(docker_engine.start_container_worker, program, LIMITS)
+    other = await asyncio.to_thread(get_backend(backend).start_worker, program, LIMITS, None)
     try:
         assert other.uid != worker.uid
     finally:
@@ -275,7 +291,7 @@ async def test_the_container_has_no_network(worker):
 async def test_the_pids_limit_stops_a_thread_bomb(worker):
     """No RLIMIT_NPROC in this program: the container's pids limit alone stops it."""
     result = await ask(worker, "threads", up_to=500)
-    # docker-init and the worker's main thread count too
+    # the engine's init and the worker's main thread count too
     assert result["started"] == LIMITS.max_processes - 1 and "can't start new thread" in result["error"]
     assert (await ask(worker, "echo", data="alive"))["data"] == "alive"
     for _ in range(100):  # a joined thread's task may take a moment to leave the kernel
@@ -293,10 +309,10 @@ async def test_the_memory_limit_kills_the_container_and_says_so(worker):
     assert "memory limit" in worker.describe_exit(status)
 
 
-async def test_exit_status_and_signals_are_reported(api, program):
+async def test_exit_status_and_signals_are_reported(backend, api, program):
     for request, expected in [({"op": "exit", "status": 3}, "exited with status 3"),
                               ({"op": "kill_self"}, "terminated by SIGKILL")]:
-        worker = await asyncio.to_thread(docker_engine.start_container_worker, program, LIMITS)
+        worker = await asyncio.to_thread(get_backend(backend).start_worker, program, LIMITS, None)
         await worker.attach()
         worker.send(request)
         with pytest.raises(WorkerGone):
@@ -352,19 +368,19 @@ async def test_a_channel_round_trip_is_fast(worker):
         await ask(worker, "echo", data="x")
         samples.append(time.perf_counter() - started)
     samples.sort()
-    print(f"\ndocker channel round trip: p50 {samples[100] * 1e3:.3f} ms, p99 {samples[197] * 1e3:.3f} ms")
+    print(f"\n{worker.backend} channel round trip: p50 {samples[100] * 1e3:.3f} ms, p99 {samples[197] * 1e3:.3f} ms")
 
 
-# --- the REPL on docker ------------------------------------------------------------------------------------
+# --- the REPL in a container ------------------------------------------------------------------------------------
 
-async def test_the_repl_runs_on_docker(api):
+async def test_the_repl_runs_in_a_container(backend, api):
     from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
 
-    config = SandboxConfig(backend="docker", exec_timeout_s=2.0, pool_size=0)
+    config = SandboxConfig(backend=backend, exec_timeout_s=2.0, pool_size=0)
     started = time.perf_counter()
     async with await Sandbox.create(config, context="public context") as box:
         cold = time.perf_counter() - started
-        assert box.backend == "docker"
+        assert box.backend == backend
         first = box._worker.container_id
         assert (await box.execute("x = 41\nprint(context)")).stdout == "public context\n"
         assert (await box.execute("x + 1")).stdout == "42\n"
@@ -377,13 +393,13 @@ async def test_the_repl_runs_on_docker(api):
         assert after.stdout == "public context False\n"
         current = box._worker.container_id
     assert current not in {c["Id"] for c in labelled(api)}  # removed on close
-    print(f"\ndocker REPL cold start {cold * 1e3:.0f} ms")
+    print(f"\n{backend} REPL cold start {cold * 1e3:.0f} ms")
 
 
-async def test_the_repl_keeps_model_code_inside_even_with_its_policy_disabled(api):
+async def test_the_repl_keeps_model_code_inside_even_with_its_policy_disabled(backend, api):
     from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
 
-    async with await Sandbox.create(SandboxConfig(backend="docker", pool_size=0)) as box:
+    async with await Sandbox.create(SandboxConfig(backend=backend, pool_size=0)) as box:
         result = await box.execute(
             REPL_DISABLE_POLICY + "import os, socket\n"
             "print(os.getuid() != 0, sorted(os.listdir('/skyrl')), open('/proc/1/cmdline').read().split('\\0')[0])\n"
@@ -392,11 +408,12 @@ async def test_the_repl_keeps_model_code_inside_even_with_its_policy_disabled(ap
             "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
             "except OSError as exc:\n    print(exc.strerror)\n")
     assert result.error is None, result.error
-    assert result.stdout.splitlines() == ["True ['inbox', 'lib'] /sbin/docker-init", "Read-only file system",
-                                          "Read-only file system", "Read-only file system", "Network is unreachable"]
+    first, *rest = result.stdout.splitlines()
+    assert first.startswith("True ['inbox', 'lib'] /") and first.endswith("-init")  # the engine's init is PID 1
+    assert rest == ["Read-only file system", "Read-only file system", "Read-only file system", "Network is unreachable"]
 
 
-async def test_a_task_image_built_offline_runs_the_repl(api, tmp_path):
+async def test_a_task_image_built_offline_runs_the_repl(backend, engine, api, tmp_path):
     from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
 
     (tmp_path / "Dockerfile").write_text(f"FROM {images.BASE_TAG}\nCOPY task.txt /opt/task.txt\n"
@@ -404,11 +421,11 @@ async def test_a_task_image_built_offline_runs_the_repl(api, tmp_path):
     (tmp_path / "task.txt").write_text("task data")
     tag = "skyrl-sandbox-test-task:1"
     try:
-        images.build_image(tmp_path, tag, force=True)
+        images.build_image(engine, tmp_path, tag, force=True)
         messages: list[str] = []
-        images.build_image(tmp_path, tag, progress=messages.append)
+        images.build_image(engine, tmp_path, tag, progress=messages.append)
         assert messages == [f"{tag} is up to date with {tmp_path}"]  # cached by the folder's contents
-        async with await Sandbox.create(SandboxConfig(backend="docker", image=tag, pool_size=0)) as box:
+        async with await Sandbox.create(SandboxConfig(backend=backend, image=tag, pool_size=0)) as box:
             result = await box.execute(REPL_DISABLE_POLICY + "print(open('/opt/task.txt').read(), "
                                        "open('/opt/built.txt').read())")
         assert result.stdout == "task data built offline\n"
@@ -416,36 +433,36 @@ async def test_a_task_image_built_offline_runs_the_repl(api, tmp_path):
         api.remove_image(tag, force=True)
 
 
-def test_a_dockerfile_from_an_image_that_is_not_local_is_refused(api, tmp_path):
+def test_a_dockerfile_from_an_image_that_is_not_local_is_refused(engine, api, tmp_path):
     (tmp_path / "Dockerfile").write_text("FROM registry.example.com/nothing:here\n")
-    with pytest.raises(images.ImageBuildError, match="not an image on this Docker Engine, and nothing is pulled"):
-        images.build_image(tmp_path, "skyrl-sandbox-test-never:1")
+    with pytest.raises(images.ImageBuildError, match=f"not an image on this {engine.title}, and nothing is pulled"):
+        images.build_image(engine, tmp_path, "skyrl-sandbox-test-never:1")
 
 
 def test_building_the_base_image_says_what_is_missing(monkeypatch):
-    monkeypatch.setattr(docker_client, "engine_problem", lambda: "no Docker Engine answers (test)")
-    with pytest.raises(BackendUnavailable, match="cannot build Docker images: no Docker Engine answers"):
-        images.build_base_image(force=True)
-    monkeypatch.setattr(docker_client, "engine_problem", lambda: None)
-    monkeypatch.setattr(images, "image_exists", lambda tag: False)
+    monkeypatch.setattr(DOCKER, "problem", lambda: "no Docker Engine answers (test)")
+    with pytest.raises(BackendUnavailable, match="cannot build Docker Engine images: no Docker Engine answers"):
+        images.build_base_image(DOCKER, force=True)
+    monkeypatch.setattr(DOCKER, "problem", lambda: None)
+    monkeypatch.setattr(images, "image_exists", lambda engine, tag: False)
     monkeypatch.setattr(images.shutil, "which", lambda name: None)
     with pytest.raises(BackendUnavailable, match="mmdebstrap is not installed .*apt-get install mmdebstrap"):
-        images.build_base_image()
+        images.build_base_image(DOCKER)
 
 
-def test_an_image_that_is_not_there_is_a_clear_error(api, program):
+def test_an_image_that_is_not_there_is_a_clear_error(backend, api, program):
     with pytest.raises(SandboxError, match="not on this engine and nothing is pulled"):
-        docker_engine.start_container_worker(program, LIMITS, "skyrl-sandbox-no-such-image:0")
+        get_backend(backend).start_worker(program, LIMITS, "skyrl-sandbox-no-such-image:0")
 
 
 # --- ownership: nothing outlives its owner ----------------------------------------------------------------
 
 HOLDER = """
-import asyncio, json
+import asyncio, json, sys
 from skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig
 
 async def main():
-    config = SandboxConfig(backend="docker", pool_size=2)
+    config = SandboxConfig(backend=sys.argv[1], pool_size=2)
     boxes = [await Sandbox.create(config, context="held") for _ in range(8)]
     for box in boxes:
         assert (await box.execute("print(context)")).stdout == "held\\n"
@@ -456,30 +473,30 @@ asyncio.run(main())
 """
 
 
-def test_containers_of_a_sigkilled_owner_are_swept(api, worker):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+def test_containers_of_a_sigkilled_owner_are_swept(backend, engine, api, worker):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, backend], stdout=subprocess.PIPE, text=True)
     try:
         held = json.loads(holder.stdout.readline())
         time.sleep(0.5)  # the pool's replacements start too
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    left = labelled(api, **{docker_engine.OWNER_LABEL: str(holder.pid)})
+    left = labelled(api, **{container_worker.OWNER_LABEL: str(holder.pid)})
     assert set(held) <= {container["Id"] for container in left} and len(left) >= 8  # the owner could not clean up
-    removed = docker_engine.sweep_stale_containers()
+    removed = container_worker.sweep_stale_containers(engine)
     assert set(held) <= set(removed)
     # A create the owner's spawner sent just before the kill can land in the engine after that sweep
     # listed the containers (seen under load): later sweeps take it, however long the engine takes.
     deadline = time.monotonic() + 120
-    while labelled(api, **{docker_engine.OWNER_LABEL: str(holder.pid)}) and time.monotonic() < deadline:
-        docker_engine.sweep_stale_containers()
+    while labelled(api, **{container_worker.OWNER_LABEL: str(holder.pid)}) and time.monotonic() < deadline:
+        container_worker.sweep_stale_containers(engine)
         time.sleep(0.5)
-    assert not labelled(api, **{docker_engine.OWNER_LABEL: str(holder.pid)})
+    assert not labelled(api, **{container_worker.OWNER_LABEL: str(holder.pid)})
     assert worker.container_id in {container["Id"] for container in labelled(api)}  # a live owner's stays
 
 
-def test_the_first_start_of_a_process_sweeps_dead_owners(api, program):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+def test_the_first_start_of_a_process_sweeps_dead_owners(backend, api, program):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, backend], stdout=subprocess.PIPE, text=True)
     try:
         held = json.loads(holder.stdout.readline())
     finally:
@@ -487,7 +504,7 @@ def test_the_first_start_of_a_process_sweeps_dead_owners(api, program):
         holder.wait()
     next_start = ("import asyncio\nfrom skyrl_rlm_repl.sandbox import Sandbox, SandboxConfig\n"
                   "async def main():\n"
-                  "    async with await Sandbox.create(SandboxConfig(backend='docker', pool_size=0)) as box:\n"
+                  f"    async with await Sandbox.create(SandboxConfig(backend={backend!r}, pool_size=0)) as box:\n"
                   "        print((await box.execute('print(6 * 7)')).stdout.strip())\n"
                   "asyncio.run(main())\n")
     done = subprocess.run([sys.executable, "-c", next_start], capture_output=True, text=True, timeout=120)
@@ -497,22 +514,22 @@ def test_the_first_start_of_a_process_sweeps_dead_owners(api, program):
 
 def test_a_reused_owner_pid_does_not_keep_containers_alive():
     pid = os.getpid()
-    start = docker_engine._start_time(pid)
-    base = {docker_engine.OWNER_LABEL: str(pid)}
-    assert docker_engine._owner_alive({**base, docker_engine.OWNER_START_LABEL: start})
-    assert not docker_engine._owner_alive({**base, docker_engine.OWNER_START_LABEL: str(int(start) - 1)})
+    start = container_worker._start_time(pid)
+    base = {container_worker.OWNER_LABEL: str(pid)}
+    assert container_worker._owner_alive({**base, container_worker.OWNER_START_LABEL: start})
+    assert not container_worker._owner_alive({**base, container_worker.OWNER_START_LABEL: str(int(start) - 1)})
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    assert not docker_engine._owner_alive({docker_engine.OWNER_LABEL: str(dead.pid)})
-    assert docker_engine._owner_alive({docker_engine.OWNER_LABEL: "someone else's"})
+    assert not container_worker._owner_alive({container_worker.OWNER_LABEL: str(dead.pid)})
+    assert container_worker._owner_alive({container_worker.OWNER_LABEL: "someone else's"})
 
 
-def test_discard_and_garbage_collection_remove_the_container(api, program):
-    worker = docker_engine.start_container_worker(program, LIMITS)
+def test_discard_and_garbage_collection_remove_the_container(backend, api, program):
+    worker = get_backend(backend).start_worker(program, LIMITS, None)
     container_id, host_dir = worker.container_id, worker.host_dir
     worker.discard()
     assert container_id not in {c["Id"] for c in labelled(api)} and not host_dir.exists()
-    worker = docker_engine.start_container_worker(program, LIMITS)
+    worker = get_backend(backend).start_worker(program, LIMITS, None)
     container_id = worker.container_id
     del worker
     import gc
@@ -521,10 +538,10 @@ def test_discard_and_garbage_collection_remove_the_container(api, program):
     assert container_id not in {c["Id"] for c in labelled(api)}
 
 
-def test_pooled_containers_are_removed_when_the_pool_closes(api, program):
+def test_pooled_containers_are_removed_when_the_pool_closes(backend, api, program):
     from skyrl_sandbox import WorkerPool
 
-    pool = WorkerPool(program, LIMITS, backend="docker", size=2)
+    pool = WorkerPool(program, LIMITS, backend=backend, size=2)
     deadline = time.monotonic() + 30
     while pool.idle_count < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -534,8 +551,8 @@ def test_pooled_containers_are_removed_when_the_pool_closes(api, program):
     assert not ids & {c["Id"] for c in labelled(api)}
 
 
-def test_inbox_folder_is_private_on_the_host(api, program):
-    worker = docker_engine.start_container_worker(program, LIMITS)
+def test_inbox_folder_is_private_on_the_host(backend, program):
+    worker = get_backend(backend).start_worker(program, LIMITS, None)
     try:
         assert oct(Path(worker.host_dir).stat().st_mode & 0o777) == "0o700"
     finally:

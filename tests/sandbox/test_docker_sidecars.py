@@ -1,7 +1,8 @@
-"""Sidecars of a docker machine: reached by name and on localhost, no route off the box, gone with the machine.
+"""Sidecars of a container machine (docker, podman): reached by name and on localhost, no route off the box, gone
+with the machine.
 
-The specs' checks run anywhere; the rest on the real engine (skipped where none runs, failed under
-SKYRL_REQUIRE_DOCKER=1), with sidecars of the sandbox base image (python3's http.server as the service).
+The specs' checks run anywhere; the rest on each real engine (skipped where none runs, failed under
+SKYRL_REQUIRE_<BACKEND>=1), with sidecars of the sandbox base image (python3's http.server as the service).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import time
 from typing import Any
 
 import pytest
-from skyrl_sandbox import images
-from skyrl_sandbox.docker_sidecars import SERVICE_LABEL, SIDECAR_OF_LABEL, SidecarError
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.backends.docker.sidecars import SERVICE_LABEL, SIDECAR_CAPABILITIES, SIDECAR_OF_LABEL, SidecarError
 from skyrl_sandbox.machine import MachineSpec
 from skyrl_sandbox.machine_factory import start_machine
+from skyrl_sandbox.registry import get_backend, registered
 from skyrl_sandbox.sidecars import Healthcheck, SidecarSpec, host_entries, start_order
 from skyrl_sandbox.testing import NO_ROUTE_PROBE, require_backend
 
@@ -38,14 +40,21 @@ def spec(*sidecars: SidecarSpec, **overrides: Any) -> MachineSpec:
                        **overrides)
 
 
-@pytest.fixture
-def docker() -> Any:
-    """The engine's API client; the base image built."""
-    require_backend("docker")
-    images.ensure_base_image()
-    from skyrl_sandbox.docker_engine import shared_client
+CONTAINER_BACKENDS = [name for name, backend in registered().items() if backend.engine is not None]
 
-    return shared_client().api
+
+@pytest.fixture(params=CONTAINER_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each container backend in turn, its base image built."""
+    require_backend(request.param)
+    images.ensure_base_image(get_backend(request.param).engine)
+    return request.param
+
+
+@pytest.fixture
+def docker(backend: str) -> Any:
+    """The backend's engine's API client."""
+    return get_backend(backend).engine.shared_client().api
 
 
 def in_container(api: Any, container_id: str, argv: list[str]) -> str:
@@ -60,7 +69,7 @@ def sidecars_of(api: Any, machine_id: str) -> list[dict[str, Any]]:
 
 def our_containers(api: Any) -> list[dict[str, Any]]:
     """Sandbox containers (machines and sidecars) of this test process: other processes share the engine."""
-    from skyrl_sandbox.docker_engine import owner_labels
+    from skyrl_sandbox.backends.docker.worker import owner_labels
 
     return api.containers(all=True, filters={"label": [f"{key}={value}" for key, value in owner_labels().items()]})
 
@@ -113,10 +122,11 @@ def test_a_healthcheck_goes_to_the_engine_in_nanoseconds() -> None:
 
 
 @pytest.mark.docker
-async def test_sidecars_are_reached_by_name_and_on_localhost_and_have_no_route_off_the_box(docker: Any) -> None:
+async def test_sidecars_are_reached_by_name_and_on_localhost_and_have_no_route_off_the_box(backend: str,
+                                                                                        docker: Any) -> None:
     job = SidecarSpec("migrate", images.BASE_TAG, command=("sh", "-c", "echo migrated"), memory_mb=128)
     machine = await start_machine(spec(sidecar("api", depends_on={"migrate": "service_completed_successfully"}),
-                                       job, depends_on={"api": "service_healthy"}), "docker")
+                                       job, depends_on={"api": "service_healthy"}), backend)
     try:
         api_id = machine.sidecars.ids["api"]
         assert docker.inspect_container(api_id)["State"]["Health"]["Status"] == "healthy"
@@ -142,9 +152,11 @@ async def test_sidecars_are_reached_by_name_and_on_localhost_and_have_no_route_o
         config = docker.inspect_container(api_id)
         host = config["HostConfig"]
         assert host["NetworkMode"] == f"container:{machine.container_id}"
-        assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+        # Docker reports ["ALL"], podman each capability it dropped; neither adds more than a sidecar's own
+        added = {name.removeprefix("CAP_") for name in host["CapAdd"] or []}
+        assert host["CapDrop"] and added <= set(SIDECAR_CAPABILITIES) and "no-new-privileges" in host["SecurityOpt"]
         assert host["PidsLimit"] == 64 and host["Memory"] == 256 * 2**20 and host["Init"] is True
-        assert host["LogConfig"]["Type"] == "local"
+        assert host["LogConfig"]["Type"] in ("local", "json-file")  # podman's k8s-file (size-capped too) reads json-file
         labels = config["Config"]["Labels"]
         assert labels[SIDECAR_OF_LABEL] == machine.container_id and labels[SERVICE_LABEL] == "api"
         assert docker.inspect_container(machine.sidecars.ids["migrate"])["State"]["ExitCode"] == 0
@@ -157,8 +169,8 @@ async def test_sidecars_are_reached_by_name_and_on_localhost_and_have_no_route_o
 
 
 @pytest.mark.docker
-async def test_a_machine_restarted_to_kill_its_processes_takes_its_sidecars_along(docker: Any) -> None:
-    machine = await start_machine(spec(sidecar()), "docker")
+async def test_a_machine_restarted_to_kill_its_processes_takes_its_sidecars_along(backend: str, docker: Any) -> None:
+    machine = await start_machine(spec(sidecar()), backend)
     try:
         machine._group = None  # as where the engine's cgroups are out of reach: the kill restarts the container
         await machine.kill_processes()
@@ -180,12 +192,13 @@ async def test_a_machine_restarted_to_kill_its_processes_takes_its_sidecars_alon
      ["sidecar slow did not become healthy within 1.5 s (health: starting)"]),
     (sidecar("plain", command=("sleep", "600"), healthcheck=None), ["sidecar plain has no healthcheck"]),
 ])
-async def test_a_sidecar_that_fails_fails_the_start_by_name_and_leaves_nothing(docker: Any, failing: SidecarSpec,
+async def test_a_sidecar_that_fails_fails_the_start_by_name_and_leaves_nothing(backend: str, docker: Any,
+                                                                              failing: SidecarSpec,
                                                                               words: list[str]) -> None:
     waits = {failing.name: "service_healthy"} if failing.name == "plain" else {}
     before = {c["Id"] for c in our_containers(docker)}  # other tests' warm workers live in this process too
     with pytest.raises(SidecarError) as raised:
-        await start_machine(spec(failing, depends_on=waits), "docker")
+        await start_machine(spec(failing, depends_on=waits), backend)
     assert raised.value.service == failing.name
     for text in words:
         assert text in str(raised.value)
@@ -194,14 +207,15 @@ async def test_a_sidecar_that_fails_fails_the_start_by_name_and_leaves_nothing(d
 
 HOLDER = """
 import asyncio, json, sys
-from skyrl_sandbox import images
+from skyrl_sandbox.backends.docker import images
 from skyrl_sandbox.machine import MachineSpec
 from skyrl_sandbox.machine_factory import start_machine
+from skyrl_sandbox.registry import get_backend, registered
 from skyrl_sandbox.sidecars import SidecarSpec
 
 async def main():
     machine = await start_machine(MachineSpec(image=images.BASE_TAG, memory_mb=256, sidecars=(
-        SidecarSpec("api", images.BASE_TAG, command=("sleep", "600"), memory_mb=128),)), "docker")
+        SidecarSpec("api", images.BASE_TAG, command=("sleep", "600"), memory_mb=128),)), sys.argv[1])
     print(json.dumps([machine.container_id, *machine.sidecars.ids.values()]), flush=True)
     await asyncio.sleep(600)
 
@@ -210,10 +224,10 @@ asyncio.run(main())
 
 
 @pytest.mark.docker
-def test_the_sidecars_of_an_owner_that_was_killed_are_swept(docker: Any) -> None:
-    from skyrl_sandbox.docker_engine import sweep_stale_containers
+def test_the_sidecars_of_an_owner_that_was_killed_are_swept(backend: str, docker: Any) -> None:
+    from skyrl_sandbox.backends.docker.worker import sweep_stale_containers
 
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, backend], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None
         ids = json.loads(holder.stdout.readline())
@@ -221,7 +235,7 @@ def test_the_sidecars_of_an_owner_that_was_killed_are_swept(docker: Any) -> None
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert len(ids) == 2 and all(docker.inspect_container(i)["State"]["Running"] for i in ids)
-    swept = sweep_stale_containers(docker)
+    swept = sweep_stale_containers(get_backend(backend).engine)
     assert set(ids) <= set(swept)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and set(ids) & {c["Id"] for c in docker.containers(all=True)}:

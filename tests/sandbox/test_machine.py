@@ -1,8 +1,9 @@
-"""The Machine API on both backends (docker, bwrap): users, environment, exec, files, the shell, cleanup.
+"""The Machine API on every machine backend (bwrap, docker, podman): users, environment, exec, files, the shell,
+cleanup.
 
 Every test runs on a real machine of each backend this host has (skipped with the reason elsewhere,
 failed under ``SKYRL_REQUIRE_<BACKEND>=1``). What runs in a machine is checked from the machine
-itself: a root exec listing ``/proc`` (docker), the machine's cgroup (bwrap: every exec is a PID
+itself: a root exec listing ``/proc`` (a container), the machine's cgroup (bwrap: every exec is a PID
 namespace of its own, so no exec sees the shell's processes), and, as a second witness, this
 host's ``/proc`` (the engine shares this kernel), each with a positive control first so that
 "nothing found" means something.
@@ -18,20 +19,35 @@ from pathlib import Path
 
 import pytest
 from sandbox_helpers import signal_masks
-from skyrl_sandbox import SandboxError, images
-from skyrl_sandbox.machine import MACHINE_BACKENDS, Machine, MachineSpec
-from skyrl_sandbox.machine_factory import start_machine
+from skyrl_sandbox import SandboxError
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.machine import Machine, MachineSpec
+from skyrl_sandbox.machine_factory import machine_backends, start_machine
+from skyrl_sandbox.registry import get_backend
 from skyrl_sandbox.testing import require_backend
 
 SECRET_VARIABLE = "SKYRL_TEST_PARENT_SECRET"
 
 
-@pytest.fixture(params=MACHINE_BACKENDS)
+def in_container(backend: str) -> bool:
+    """Whether ``backend``'s machines are containers of an engine (docker, podman), not bwrap's."""
+    return get_backend(backend).engine is not None
+
+
+def engine_api(backend: str):
+    """The Docker-API client of a container backend's engine."""
+    return get_backend(backend).engine.shared_client().api
+
+
+CONTAINER_BACKENDS = [name for name in machine_backends() if in_container(name)]
+
+
+@pytest.fixture(params=machine_backends())
 def machine_backend(request: pytest.FixtureRequest) -> str:
     """Each machine backend in turn, skipped (failed under SKYRL_REQUIRE_<BACKEND>=1) where it cannot run."""
     require_backend(request.param)
-    if request.param == "docker":
-        images.ensure_base_image()
+    if in_container(request.param):
+        images.ensure_base_image(get_backend(request.param).engine)
     return request.param
 
 
@@ -75,7 +91,7 @@ _LIST_PROCESSES = r'for p in /proc/[0-9]*; do [ "${p#/proc/}" = $$ ] || { tr "\0
 async def machine_processes(machine: Machine) -> str:
     """The command lines of the processes running in ``machine``, as the machine sees them."""
     cgroup = getattr(machine, "cgroup", None)
-    if machine.backend == "docker":
+    if in_container(machine.backend):
         listed = await machine.exec(["sh", "-c", _LIST_PROCESSES], cwd="/", timeout_s=30, max_output_bytes=1 << 20)
         assert listed.ok, listed
         return listed.stdout.decode(errors="replace")
@@ -199,7 +215,7 @@ async def test_put_files_makes_folders_sets_the_owner_and_the_executable_bit(mac
     as_root = await machine.exec(["stat", "-c", "%n %U %a", "/tests/test.sh", "/tests/data.txt"])
     assert as_root.stdout.decode().splitlines() == ["/tests/test.sh root 755", "/tests/data.txt root 644"]
     written = await agent_sh(machine, "echo agent >> /tests/data.txt")
-    # docker: root's files are root's; bwrap: the agent owns every writable folder of its machine (no second
+    # a container: root's files are root's; bwrap: the agent owns every writable folder of its machine (no second
     # uid), which is why the verifier empties /tests, /logs/verifier and /solution itself before the tests.
     assert written.ok == (machine.backend == "bwrap")
     assert await machine.read_file("/app/new/deep/sub/data.txt") == b"data\nmore\n"
@@ -212,7 +228,7 @@ async def test_put_files_refuses_names_that_leave_the_destination(machine, name)
     assert (await machine.exec(["sh", "-c", "ls -A /app /etc | grep -c escape"])).stdout == b"0\n"
 
 
-@pytest.mark.parametrize("machine_backend", ["bwrap"], indirect=True)  # a docker machine's root may write anywhere
+@pytest.mark.parametrize("machine_backend", ["bwrap"], indirect=True)  # a container machine's root may write anywhere
 async def test_put_files_outside_the_machines_folders_is_refused_on_bwrap(machine):
     with pytest.raises(SandboxError, match="outside the bwrap machine's writable folders"):
         await machine.put_files("/etc", {"evil": b"x"})
@@ -226,7 +242,7 @@ async def test_put_files_never_writes_through_a_symlink_the_agent_planted(machin
     assert planted.ok, planted
     passwd = (await machine.exec(["cat", "/etc/passwd"])).stdout
     for name in ("to-host/x", "to-etc/x"):
-        try:  # docker replaces the symlink with a folder of the machine; bwrap refuses the path
+        try:  # a container replaces the symlink with a folder of the machine; bwrap refuses the path
             await machine.put_files("/app", {name: b"planted\n"})
         except SandboxError:
             assert machine.backend == "bwrap"
@@ -352,7 +368,7 @@ async def test_kill_processes_leaves_nothing_of_the_agent(machine):
     assert "started" in started.output.splitlines(), started
     markers = (job, daemon, double, loop, disowned)
     extra = ()
-    if machine.backend == "docker":  # an exec's daemons outlive the exec in a container (not on bwrap)
+    if in_container(machine.backend):  # an exec's daemons outlive the exec in a container (not on bwrap)
         extra = (marker(), marker())
         await agent_sh(machine, f"setsid sleep {extra[0]} </dev/null >/dev/null 2>&1 &")
         await machine.exec(["sh", "-c", f"setsid sleep {extra[1]} </dev/null >/dev/null 2>&1 &"])
@@ -373,10 +389,8 @@ async def test_close_removes_the_container_or_the_host_folder_and_every_process(
     await machine.close()
     await machine.close()  # idempotent
     assert host_processes(left) == []
-    if machine_backend == "docker":
-        from skyrl_sandbox.docker_engine import shared_client
-
-        ids = [c["Id"] for c in shared_client().api.containers(all=True)]
+    if in_container(machine_backend):
+        ids = [c["Id"] for c in engine_api(machine_backend).containers(all=True)]
         assert machine.container_id not in ids
     else:
         assert not machine.host_dir.exists()

@@ -1,4 +1,4 @@
-"""Hostile commands in a machine's agent shell stay contained, on both backends (docker, bwrap).
+"""Hostile commands in a machine's agent shell stay contained, on every machine backend (bwrap, docker, podman).
 
 Each attack runs as a terminal agent would run it (mostly in the agent's persistent shell, some as
 root execs where the verifier's root must be contained too), in a machine with small limits, and is
@@ -20,7 +20,7 @@ import pytest
 import test_machine
 from skyrl_sandbox.machine import Machine
 from skyrl_sandbox.machine_factory import start_machine
-from test_machine import agent_sh, machine_spec, marker, running
+from test_machine import CONTAINER_BACKENDS, agent_sh, engine_api, in_container, machine_spec, marker, running
 
 machine_backend = test_machine.machine_backend  # the fixture: each machine backend in turn
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def the_host_can_start_processes() -> None:
 
 
 @pytest.mark.parametrize("who", ["agent shell", "root exec"])
-async def test_the_host_its_repository_root_folder_and_docker_socket_are_out_of_reach(machine, shell, who, tmp_path):
+async def test_the_host_its_repository_root_folder_and_engine_sockets_are_out_of_reach(machine, shell, who, tmp_path):
     token = secrets.token_hex(8)  # in the files' contents, not in their names (error messages repeat those)
     private = tmp_path / "id_rsa"
     private.write_text(f"HOST-PRIVATE-{token}")
@@ -72,10 +72,11 @@ async def test_the_host_its_repository_root_folder_and_docker_socket_are_out_of_
 cat {private} /etc/shadow 2>&1 | head -c 2000
 ls -A {REPO} 2>&1; head -c 300 {REPO}/pyproject.toml 2>&1
 ls -A /root 2>&1; cat {root_canary} 2>&1
-ls -ld /var/run/docker.sock /run/docker.sock /var/lib/skyrl-docker /var/lib/docker 2>&1
+ls -ld /var/run/docker.sock /run/docker.sock /var/lib/skyrl-docker /var/lib/docker /run/skyrl-podman 2>&1
 python3 - <<'EOF'
 import socket
-for path in ("/var/run/docker.sock", "/run/docker.sock", "/var/lib/skyrl-docker/docker.sock"):
+for path in ("/var/run/docker.sock", "/run/docker.sock", "/var/lib/skyrl-docker/docker.sock",
+             "/run/skyrl-podman/podman.sock", "/run/podman/podman.sock"):
     s = socket.socket(socket.AF_UNIX)
     try:
         s.connect(path)
@@ -93,7 +94,7 @@ EOF
     finally:
         root_canary.unlink()
     assert token not in output and "CONNECTED" not in output and "[tool.pytest" not in output, output
-    assert output.count("no socket at") == 3
+    assert output.count("no socket at") == 5
     assert f"ls: cannot access '{REPO}': No such file or directory" in output
     host_users = {line.split(":")[0]: line for line in Path("/etc/shadow").read_text().splitlines() if line}
     for line in host_users.values():
@@ -172,10 +173,8 @@ async def test_a_fork_bomb_is_held_by_the_pids_limit_and_the_machine_answers_aft
     bomb = await shell.run(":(){ :|:& };:", timeout_s=5)
     after = await shell.run("sleep 2; echo after the bomb", timeout_s=6)
     assert "Resource temporarily unavailable" in bomb.output + after.output
-    if machine.backend == "docker":
-        from skyrl_sandbox.docker_engine import shared_client
-
-        inspected = shared_client().api.inspect_container(machine.container_id)
+    if in_container(machine.backend):
+        inspected = engine_api(machine.backend).inspect_container(machine.container_id)
         assert inspected["HostConfig"]["PidsLimit"] == MAX_PROCESSES and inspected["State"]["Running"]
     else:
         events = (machine.cgroup.dirs[0] / "pids.events").read_text().split()
@@ -231,7 +230,7 @@ async def test_rm_rf_root_as_the_agent_spares_the_machine_and_the_host(machine_b
 async def test_killing_everything_it_can_kills_only_the_agents_own_processes(machine, shell):
     root_sleep, agent_sleep = marker(), marker()
     root_exec = None
-    if machine.backend == "docker":
+    if in_container(machine.backend):
         await machine.exec(["sh", "-c", f"setsid sleep {root_sleep} </dev/null >/dev/null 2>&1 &"])
     else:  # a bwrap exec's processes end with it: hold one open
         root_exec = asyncio.ensure_future(machine.exec(["sleep", root_sleep], timeout_s=300))
@@ -242,7 +241,7 @@ async def test_killing_everything_it_can_kills_only_the_agents_own_processes(mac
     killer = await agent_sh(machine, "kill -9 1; kill -9 -1; echo the-killer-lives")
     assert killer.stdout == b"the-killer-lives\n"
     assert await running(machine, root_sleep, settle_for="there") == {root_sleep}  # root's process lived on
-    if machine.backend == "docker":  # same user, same PID namespace: the agent's own job is gone
+    if in_container(machine.backend):  # same user, same PID namespace: the agent's own job is gone
         assert await running(machine, agent_sleep) == set()
     in_shell = await shell.run("kill -9 1; kill -9 $PPID; kill -9 -1; echo the-shell-lives", 30)
     assert in_shell.exit_code == 0 or in_shell.shell_restarted
@@ -252,11 +251,9 @@ async def test_killing_everything_it_can_kills_only_the_agents_own_processes(mac
     assert "again" in again and all(line == "again" or "Killed" in line for line in again), again
     if machine.backend == "bwrap":
         assert await running(machine, root_sleep, settle_for="there") == {root_sleep}
-    # (docker: a shell that died is replaced after a sweep of every process of the container but its own)
-    if machine.backend == "docker":
-        from skyrl_sandbox.docker_engine import shared_client
-
-        assert shared_client().api.inspect_container(machine.container_id)["State"]["Running"]
+    # (a container: a shell that died is replaced after a sweep of every process of the container but its own)
+    if in_container(machine.backend):
+        assert engine_api(machine.backend).inspect_container(machine.container_id)["State"]["Running"]
     await still_serves_its_verifier(machine)
     if root_exec is not None:
         assert (await root_exec).exit_code != 0  # killed by kill_processes, not by the agent
@@ -284,13 +281,14 @@ async def test_a_process_that_looks_dead_in_proc_dies_with_the_rest(machine, she
     assert before and await machine.read_file("/tmp/ticks") == before, "the ghost's thread outlived the kill"
 
 
-async def test_an_engine_whose_cgroups_are_out_of_sight_kills_by_restarting_the_container():
+@pytest.mark.parametrize("backend", CONTAINER_BACKENDS)
+async def test_an_engine_whose_cgroups_are_out_of_sight_kills_by_restarting_the_container(backend):
     """An engine on another host: its containers' cgroups are not in this machine's /proc and /sys. The kill then
     restarts the container (its PID namespace ends with its init); the machine, its user and files go on."""
     from skyrl_sandbox.testing import require_backend
 
-    require_backend("docker")
-    async with await start_machine(bomb_spec(), "docker") as machine:
+    require_backend(backend)
+    async with await start_machine(bomb_spec(), backend) as machine:
         machine._group = None  # as on a machine that cannot see the engine's cgroups
         shell = await machine.open_shell()
         job = marker()

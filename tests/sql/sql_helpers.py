@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from skyrl_sandbox.registry import backend_names
 from skyrl_sql.data.builtin import builtin_rows
 from skyrl_sql.env import SQLEnv
 
 HAS_DUCKDB = importlib.util.find_spec("duckdb") is not None
 ENGINES = ["sqlite", pytest.param("duckdb", marks=pytest.mark.skipif(not HAS_DUCKDB, reason="needs duckdb"))]
-# The sandbox backends the sql env runs on; use with parametrize(..., indirect=True) (conftest's `backend`).
-BACKENDS = ["bwrap", "docker", "subprocess"]
+# The sandbox backends the sql env runs on (every installed one); use with parametrize(..., indirect=True)
+# (conftest's `backend`).
+BACKENDS = list(backend_names())
 # Backends whose worker processes are this process's descendants (tests that find them in the process tree).
 PROCESS_BACKENDS = ["bwrap", "subprocess"]
 THINK = "<think>Let me look.</think>\n"

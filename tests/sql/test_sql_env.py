@@ -68,7 +68,7 @@ def test_multi_turn_episode_shows_real_results_then_scores(engine):
     metrics = env.get_metrics()
     assert metrics == {"turns": 2.0, "execution_errors": 0.0, "invalid_turns": 0.0, "format_ok": 1.0,
                        "execution_match": 1.0, "exact_match": 1.0, "submitted": 1.0,
-                       "sandbox_bwrap": float(env.backend == "bwrap")}
+                       "sandbox_strong": float(env.backend == "bwrap")}
     assert env.backend in ("bwrap", "subprocess") and result.info["sandbox_backend"] == env.backend
 
 

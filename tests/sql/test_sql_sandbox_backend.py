@@ -9,7 +9,8 @@ import itertools
 import pytest
 from skyrl_core import make_env
 from skyrl_core.factory import ConfigError
-from skyrl_sandbox import BackendUnavailable, SandboxError, backends
+from skyrl_sandbox import BackendUnavailable, SandboxError, backend_names
+from skyrl_sandbox.backends.bwrap.probe import bwrap_problem
 from skyrl_sql.config import SQLEnvConfig
 from skyrl_sql.env import SQLEnv
 from skyrl_sql.sandbox import QueryRunner, SandboxSettings
@@ -19,11 +20,11 @@ from sql_helpers import THINK, task
 @pytest.fixture
 def no_strong_backend(monkeypatch):
     """A machine where bubblewrap is not installed and no Docker Engine answers."""
-    backends.bwrap_problem.cache_clear()
+    bwrap_problem.cache_clear()
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     yield
-    backends.bwrap_problem.cache_clear()
+    bwrap_problem.cache_clear()
 
 
 _unused_memory_limits = itertools.count(1001)
@@ -42,8 +43,10 @@ def test_process_is_a_deprecated_name_of_subprocess():
 
 
 def test_unsupported_backends_are_config_errors_that_name_the_choices():
-    with pytest.raises(ConfigError, match="env.sandbox.*'auto', 'bwrap', 'docker' or 'subprocess'"):
+    with pytest.raises(ConfigError, match="env.sandbox") as caught:
         make_env("sql", task(), {"sandbox": "firejail"})
+    assert f"sandbox backend 'firejail' is not installed; choose one of auto, {', '.join(backend_names())}" in str(
+        caught.value)
 
 
 def test_a_cpu_limit_shorter_than_the_query_limits_is_a_config_error():
@@ -58,7 +61,7 @@ def test_auto_without_bwrap_or_docker_is_an_error_saying_what_to_do_never_a_fall
     message = str(caught.value)
     assert "bwrap is not installed" in message and "apt-get install bubblewrap" in message
     assert "docker: " in message and "/nonexistent/docker.sock" in message
-    assert "backend=subprocess" in message and "env.sandbox (auto, bwrap, docker or subprocess)" in message
+    assert "backend=subprocess" in message and f"env.sandbox (auto, {', '.join(backend_names())})" in message
     with pytest.raises(BackendUnavailable, match="'bwrap' is not usable here"):
         fresh_env(sandbox="bwrap").reset(seed=0)
     env = fresh_env(sandbox="subprocess")  # the weaker backend only when asked for by name
@@ -86,4 +89,4 @@ def test_the_backend_is_reported_in_info_and_metrics(backend):
     assert env.step(f"{THINK}<sql>SELECT 1</sql>").info["sandbox_backend"] == backend
     scored = env.step(f"{THINK}<solution>SELECT COUNT(*) FROM employees</solution>")
     assert scored.reward == 1.0 and scored.info["sandbox_backend"] == backend
-    assert env.get_metrics()["sandbox_bwrap"] == float(backend == "bwrap")
+    assert env.get_metrics()["sandbox_strong"] == float(backend == "bwrap")

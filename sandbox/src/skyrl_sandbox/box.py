@@ -12,38 +12,20 @@ import asyncio
 import base64
 import os
 import time
-from dataclasses import dataclass
 
 from . import framing
-from .backends import BACKENDS
 from .dirs import process_dir
 from .errors import ProtocolViolation, SandboxError, WorkerGone
 from .launch import RUNTIME_NAME, WorkerProgram
 from .limits import Limits
 from .pool import WorkerPool
+from .run_result import RunResult
 from .startup import WorkerSetup, start_worker
 from .worker import Worker
 
 AGENT_PROGRAM = WorkerProgram(module=f"{RUNTIME_NAME}.agent", packages={})
 _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 5.0  # the agent enforces the command's time limit; this is the backstop
-
-
-@dataclass
-class RunResult:
-    """What one command did. Output past ``max_output_bytes`` per stream is dropped and flagged."""
-
-    exit_code: int | None  # None when the sandbox itself broke down; negative: killed by that signal
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    timed_out: bool
-    duration_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
 
 
 class Box:
@@ -65,10 +47,10 @@ class Box:
         """Start a box on ``backend`` (see :func:`skyrl_sandbox.resolve_backend`); ``env`` is added to
         every command's environment (never the parent's)."""
         limits = limits or Limits()
-        pool = await asyncio.to_thread(WorkerPool.shared, AGENT_PROGRAM, limits, backend, pool_size, BACKENDS, image)
+        pool = await asyncio.to_thread(WorkerPool.shared, AGENT_PROGRAM, limits, backend, pool_size, None, image)
 
         def prepare(worker: Worker) -> dict:
-            if worker.backend == "subprocess" and os.geteuid() == 0:
+            if worker.plan.on_host_paths and os.geteuid() == 0:
                 # The agent becomes nobody: it must still reach its work directory.
                 for folder in (process_dir(), worker.host_dir):
                     os.chmod(folder, 0o711)

@@ -8,21 +8,29 @@ import os
 import platform
 import sys
 
-from .backends import BACKENDS, REQUIRE_ENV, STRONG, backend_problem
+from .backend import SandboxBackend
 from .cgroups import cgroup_support
+from .choice import REQUIRE_ENV, strong_names
+from .errors import SandboxError
 from .node import node_resources
+from .registry import registered
 from .seccomp import build_filter
 
 
+def backend_row(backend: SandboxBackend) -> tuple[str, str, str]:
+    """The doctor's line for one backend: its name, whether it works here, and what it protects or what is missing."""
+    problem = backend.problem()
+    if problem is not None:
+        return backend.name, "missing", f"{problem}. To fix: {backend.install_hint}"
+    if not backend.strong:
+        return backend.name, "opt-in", f"weaker, used only when a config names it: {backend.protects}"
+    return backend.name, "ok", f"ready: {backend.protects}"
+
+
 def doctor() -> int:
-    """Print one line per backend and per protection; exit 0 when a strong backend works."""
-    rows = []
-    for backend in BACKENDS:
-        problem = backend_problem(backend)
-        if backend == "subprocess":
-            rows.append((backend, "opt-in", "works everywhere; weaker: no namespaces, in-process policy only"))
-        else:
-            rows.append((backend, "ok" if problem is None else "missing", problem or "ready"))
+    """Print one line per installed backend and per protection; exit 0 when a strong backend works."""
+    rows = [backend_row(backend) for backend in registered().values()]
+    auto = next((name for name, state, _ in rows if state == "ok"), None)  # strong ones come first, in auto's order
     support = cgroup_support()
     rows.append(("cgroups", "ok" if support else "missing",
                  support.describe() if support else "no writable cgroup: threads bounded by RLIMIT_NPROC (not for "
@@ -36,9 +44,8 @@ def doctor() -> int:
     width = max(len(name) for name, _, _ in rows)
     for name, state, detail in rows:
         print(f"{name:<{width}}  {state:<7}  {detail}")
-    usable = [name for name, state, _ in rows if name in STRONG and state == "ok"]
-    print(f"\nbackend 'auto' picks: {usable[0] if usable else 'nothing (install bubblewrap or Docker)'}")
-    return 0 if usable else 1
+    print(f"\nbackend 'auto' picks: {auto or 'nothing (install one of: ' + ', '.join(strong_names()) + ')'}")
+    return 0 if auto else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,17 +54,23 @@ def main(argv: list[str] | None = None) -> int:
     doctor_cmd = commands.add_parser("doctor", help="which backends and protections work here, and what is missing")
     doctor_cmd.add_argument("--ray-resources", action="store_true",
                             help="print only the JSON of this node's Ray resources, for `ray start --resources`")
-    build = commands.add_parser("build-image", help="build the Docker base image from Debian packages (cached)")
+    build = commands.add_parser("build-image", help="build the base image from Debian packages (cached)")
     build.add_argument("--tag", default=None, help="image tag (default: the base image tag)")
+    build.add_argument("--backend", default=None, help="the container backend whose engine gets the image "
+                                                       "(default: the first installed one, in auto's order)")
     args = parser.parse_args(argv)
     if args.command == "doctor" and args.ray_resources:
         print(json.dumps(node_resources()))
         return 0
     if args.command == "doctor":
         return doctor()
-    from .images import build_base_image
+    from .backends.docker.images import build_base_image, image_engine
 
-    build_base_image(**({"tag": args.tag} if args.tag else {}))
+    try:
+        build_base_image(image_engine(args.backend), **({"tag": args.tag} if args.tag else {}))
+    except SandboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

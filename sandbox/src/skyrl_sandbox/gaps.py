@@ -6,6 +6,7 @@ import logging
 import platform
 from typing import Any
 
+from .registry import get_backend
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ def missing_protections(worker: Worker, init_done: dict[str, Any], seccomp_progr
     if seccomp_program is None:
         gaps.append(f"no seccomp filter for this architecture ({platform.machine()}): process creation, signals and "
                     "kernel interfaces are limited only by the backend")
-    if worker.cgroup is None and worker.backend != "docker":  # a container's own cgroups hold its limits
+    if worker.cgroup is None and not get_backend(worker.backend).owns_limits:
         gaps.append("no writable cgroup: threads are bounded by RLIMIT_NPROC (not for root) and memory by "
                     "RLIMIT_AS plus the tmpfs size")
     return gaps

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ RUNTIME_PACKAGE = Path(__file__).resolve().parent / "runtime"
 RUNTIME_NAME = "skyrl_sandbox_runtime"
 INSIDE_LIB = "/skyrl/lib"
 INSIDE_INBOX = "/skyrl/inbox"
-_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -82,6 +80,8 @@ class LaunchPlan:
     inside_tmp: str
     inside_inbox: str
     inside_read_roots: tuple[str, ...]
+    signals_as_status: bool = False  # a wrapper (bwrap) reports the worker's death by signal N as status 128 + N
+    on_host_paths: bool = False  # the worker sees the host's own folders (no mount namespace)
 
 
 def clean_env(tmp_dir: str) -> dict[str, str]:
@@ -98,59 +98,3 @@ def spawn_settings(limits: Limits, expected_parent_pid: int | None) -> str:
 def python_args(program: WorkerProgram, interpreter: str, lib_dirs: list[str], spawn: str) -> list[str]:
     return [interpreter, "-I", "-S", "-B", "-X", "utf8", "-c", program.bootstrap(),
             "\n".join([*lib_dirs, *program.python_path]), spawn]
-
-
-def plan_subprocess(program: WorkerProgram, host_dir: Path, limits: Limits) -> LaunchPlan:
-    tmp, inbox, lib = str(host_dir / "tmp"), str(host_dir / "inbox"), host_dir / "lib"
-    lib.mkdir(exist_ok=True)
-    for name, folder in program.all_packages.items():
-        (lib / name).symlink_to(folder, target_is_directory=True)
-    spawn = spawn_settings(limits, os.getpid())
-    read_roots = tuple(str(folder) for folder in program.all_packages.values()) + program.read_only + (inbox,)
-    return LaunchPlan(argv=python_args(program, python_executable(), [str(lib)], spawn), cwd=tmp, env=clean_env(tmp),
-                      inside_tmp=tmp, inside_inbox=inbox, inside_read_roots=read_roots)
-
-
-def bwrap_base_argv(uid: int, hostname: str) -> list[str]:
-    """bubblewrap with fresh namespaces, no capabilities, ``uid`` inside, and the host's system folders read-only."""
-    argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--cap-drop", "ALL", "--uid", str(uid), "--gid", str(uid),
-            "--hostname", hostname, "--ro-bind", "/usr", "/usr"]
-    for path in _SYSTEM_DIRS:
-        if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    return argv
-
-
-def plan_bwrap(program: WorkerProgram, host_dir: Path, limits: Limits) -> LaunchPlan:
-    argv = [*bwrap_base_argv(1000, "sandbox"), "--new-session",
-            "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    prefix = os.path.realpath(sys.base_prefix)
-    if not prefix.startswith("/usr/"):
-        argv += ["--ro-bind", prefix, prefix]
-    # /proc too: the sandbox's uid maps to the host's, and /proc files (sysctls such as kernel.core_pattern,
-    # sysrq-trigger) check only the uid, so a host running as root would otherwise let model code write them.
-    read_only = ["/proc", "/dev", "/"]
-    site_packages = os.path.join(os.path.dirname(os.__file__), "site-packages")
-    if os.path.isdir(site_packages):
-        argv += ["--tmpfs", site_packages]  # hide the base install's third-party packages
-        read_only.insert(0, site_packages)
-    inside_packages = []
-    for name, folder in program.all_packages.items():
-        argv += ["--ro-bind", str(folder), f"{INSIDE_LIB}/{name}"]
-        inside_packages.append(f"{INSIDE_LIB}/{name}")
-    argv += ["--ro-bind", str(host_dir / "inbox"), INSIDE_INBOX,
-             "--proc", "/proc", "--dev", "/dev",
-             "--size", str(limits.tmp_size_mb * 2**20), "--tmpfs", "/tmp"]
-    for path in program.read_only:  # after the tmpfs /tmp, which would hide a path under /tmp
-        argv += ["--ro-bind", path, path]
-    # Every tmpfs but /tmp read-only (/dev/shm included): memory in them would count against no limit.
-    for path in read_only:
-        argv += ["--remount-ro", path]
-    argv += ["--chdir", "/tmp", "--"]
-    spawn = spawn_settings(limits, None)
-    return LaunchPlan(argv=argv + python_args(program, python_executable(), [INSIDE_LIB], spawn), cwd=str(host_dir),
-                      env=clean_env("/tmp"), inside_tmp="/tmp", inside_inbox=INSIDE_INBOX,
-                      inside_read_roots=(*inside_packages, *program.read_only, INSIDE_INBOX))

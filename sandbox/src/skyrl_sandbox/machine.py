@@ -24,13 +24,12 @@ import abc
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from .box import RunResult
+from .run_result import RunResult
 from .sidecars import SidecarSpec, start_order
 from .terminal import TerminalSession, TerminalTransport
 
 AGENT_UID = 1000
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MACHINE_BACKENDS = ("docker", "bwrap")
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,22 @@
-"""Starting a machine on a backend by name: the factory apart from the base class in :mod:`.machine`, which
-knows none of its implementations (:mod:`.docker_machine`, :mod:`.bwrap_machine`)."""
+"""Starting a machine on a backend by name, apart from the base class in :mod:`.machine`, which knows none of
+its implementations."""
 
 from __future__ import annotations
 
-from .machine import MACHINE_BACKENDS, Machine, MachineSpec
+from .errors import BackendUnavailable
+from .machine import Machine, MachineSpec
+from .registry import get_backend, registered
 
 
-async def start_machine(spec: MachineSpec, backend: str = "docker") -> Machine:
-    """Start a machine on ``backend`` ("docker" or "bwrap"); raises BackendUnavailable where it cannot run."""
-    if backend == "docker":
-        from .docker_machine import DockerMachine  # on use: importing skyrl_sandbox starts no backend
+def machine_backends() -> tuple[str, ...]:
+    """The installed backends that start machines."""
+    return tuple(name for name, backend in registered().items() if backend.has_machines)
 
-        return await DockerMachine.start(spec)
-    if backend == "bwrap":
-        from .bwrap_machine import BwrapMachine
 
-        return await BwrapMachine.start(spec)
-    raise ValueError(f"unknown machine backend {backend!r}; choose one of {', '.join(MACHINE_BACKENDS)}")
+async def start_machine(spec: MachineSpec, backend: str) -> Machine:
+    """Start a machine on ``backend``; raises BackendUnavailable where it cannot run."""
+    chosen = get_backend(backend)
+    if not chosen.has_machines:
+        raise BackendUnavailable(backend, f"the {backend} backend has no machines; backends with machines: "
+                                          f"{', '.join(machine_backends())}")
+    return await chosen.start_machine(spec)

@@ -11,33 +11,30 @@ import asyncio
 import os
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from .backends import BACKENDS, resolve_backend
-from .cgroups import WorkerCgroup, cgroup_support
-from .dirs import make_host_dir
-from .launch import WorkerProgram, plan_bwrap, plan_subprocess
+from .choice import resolve_backend
+from .launch import WorkerProgram
 from .limits import Limits
-from .process import WorkerProcess
+from .registry import get_backend
 from .worker import Worker
 
 SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skyrl-sandbox-spawner")
 _SHARED: dict[tuple, WorkerPool] = {}
 _SHARED_LOCK = threading.Lock()
-# bwrap's own processes in the worker's pids group: the outer bwrap and the namespace's init.
-BWRAP_TASKS = 2
 
 
 class WorkerPool:
     """Keeps ``size`` idle workers of one program started; hands them out and starts replacements.
 
     ``backend`` is a backend name or 'auto' (see :func:`skyrl_sandbox.resolve_backend`); ``usable``
-    limits what 'auto' may pick to the backends that can run the program; ``image`` is the Docker
-    image (default: the base image of :mod:`skyrl_sandbox.images`).
+    limits what 'auto' may pick to the backends that can run the program (default: all); ``image`` is the
+    container image of backends that run images (default: their base image).
     """
 
     def __init__(self, program: WorkerProgram, limits: Limits, backend: str = "auto", size: int = 2,
-                 usable: tuple[str, ...] = BACKENDS, image: str | None = None) -> None:
+                 usable: Sequence[str] | None = None, image: str | None = None) -> None:
         self.backend = resolve_backend(backend, usable)
         self.program = program
         self.limits = limits
@@ -51,7 +48,7 @@ class WorkerPool:
 
     @classmethod
     def shared(cls, program: WorkerProgram, limits: Limits, backend: str = "auto", size: int = 2,
-               usable: tuple[str, ...] = BACKENDS, image: str | None = None) -> WorkerPool:
+               usable: Sequence[str] | None = None, image: str | None = None) -> WorkerPool:
         """The process-wide pool for workers started this way (keyed by pid: a fork gets its own)."""
         key = (os.getpid(), program.key, limits.spawn_key, resolve_backend(backend, usable), size, image)
         with _SHARED_LOCK:
@@ -87,21 +84,8 @@ class WorkerPool:
         return worker if worker is not None else SPAWNER.submit(self.start_worker).result()
 
     def start_worker(self) -> Worker:
-        """Start one worker (blocking): a :class:`WorkerProcess`, or a container worker with Docker."""
-        if self.backend == "docker":
-            from .docker_engine import start_container_worker
-
-            return start_container_worker(self.program, self.limits, self.image)
-        host_dir = make_host_dir()
-        if self.backend == "bwrap":
-            plan = plan_bwrap(self.program, host_dir, self.limits)
-        else:
-            plan = plan_subprocess(self.program, host_dir, self.limits)
-        support = cgroup_support()
-        extra = BWRAP_TASKS if self.backend == "bwrap" else 0
-        cgroup = None if support is None else WorkerCgroup(support, self.limits.max_processes + extra,
-                                                           self.limits.pinned_memory_bytes)
-        return WorkerProcess(self.backend, plan, host_dir, self.limits.max_message_bytes, cgroup)
+        """Start one worker on this pool's backend (blocking)."""
+        return get_backend(self.backend).start_worker(self.program, self.limits, self.image)
 
     def refill(self) -> None:
         with self._lock:

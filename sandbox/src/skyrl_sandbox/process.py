@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from . import framing
-from .cgroups import WorkerCgroup
+from .cgroups import WorkerCgroup, cgroup_support
 from .channel import BlockingChannel
 from .dirs import remove_tree
 from .errors import WorkerGone
 from .launch import LaunchPlan
+from .limits import Limits
 
 
 class WorkerProcess:
@@ -143,18 +144,29 @@ class WorkerProcess:
         return data.decode("utf-8", "replace").strip()
 
     def describe_exit(self, status: int | None) -> str:
-        """Why the worker ended, in words (bwrap reports a signal death as 128 + signal number)."""
+        """Why the worker ended, in words (a wrapper may report a signal death as 128 + its number)."""
         if self.cgroup is not None and self.cgroup.oom_killed():
             return "was killed by the kernel at the sandbox memory limit (memory_mb + tmp_size_mb)"
         if status is None:
             return "is no longer responding"
-        number = -status if status < 0 else status - 128 if self.backend == "bwrap" and status > 128 else 0
+        number = -status if status < 0 else status - 128 if self.plan.signals_as_status and status > 128 else 0
         if number:
             name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
             reason = {"SIGXCPU": " (CPU time limit reached)", "SIGKILL": " (killed)",
                       "SIGSEGV": " (crashed)"}.get(name, "")
             return f"was terminated by {name}{reason}"
         return f"exited with status {status}"
+
+
+
+def start_process_worker(backend: str, plan: LaunchPlan, host_dir: Path, limits: Limits,
+                         wrapper_tasks: int = 0) -> WorkerProcess:
+    """A worker process started by ``plan`` in a cgroup of its own where the host offers one (``wrapper_tasks``:
+    the backend's own processes, counted in its process limit)."""
+    support = cgroup_support()
+    cgroup = None if support is None else WorkerCgroup(support, limits.max_processes + wrapper_tasks,
+                                                       limits.pinned_memory_bytes)
+    return WorkerProcess(backend, plan, host_dir, limits.max_message_bytes, cgroup)
 
 
 def default_signals() -> None:

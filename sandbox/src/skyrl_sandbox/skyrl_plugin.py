@@ -10,6 +10,12 @@ from skyrl_core import hookimpl
 
 from .node import node_resources as _node_resources
 from .node import sweep_orphans as _sweep_orphans
+from .registry import GROUP
+
+
+@hookimpl
+def entry_point_groups() -> list[str]:
+    return [GROUP]  # sandbox backends of other packages: listed by `skyrl plugins`
 
 
 @hookimpl

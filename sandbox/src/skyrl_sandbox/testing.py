@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from collections.abc import Iterator
 
-from .backends import backend_problem
+from .choice import backend_problem
 
 
 def require_backend(backend: str) -> None:
@@ -29,6 +32,24 @@ def skip_unless_usable(backend: str, problem: str | None = None):
         return pytest.mark.skipif(False, reason="")
     problem = backend_problem(backend) if problem is None else problem
     return pytest.mark.skipif(problem is not None, reason=f"the {backend} backend cannot run here: {problem}")
+
+
+@contextlib.contextmanager
+def loop_hops() -> Iterator[list[str]]:
+    """Record each coroutine handed to another thread's event loop inside the block (by name), e.g. an env's
+    trips to the sandbox loop and a sandbox's sub-calls back to the caller's loop."""
+    hops: list[str] = []
+    handoff = asyncio.run_coroutine_threadsafe
+
+    def counted(coro, loop):  # noqa: ANN001, ANN202 - asyncio's own signature
+        hops.append(getattr(coro, "__qualname__", type(coro).__name__))
+        return handoff(coro, loop)
+
+    asyncio.run_coroutine_threadsafe = counted
+    try:
+        yield hops
+    finally:
+        asyncio.run_coroutine_threadsafe = handoff
 
 
 # Python source that connects to addresses off the box and prints each one's errno name (or "connected"):

@@ -12,7 +12,7 @@ from .launch import LaunchPlan
 
 class Worker(Protocol):
     """A started worker program: :class:`~skyrl_sandbox.process.WorkerProcess` (bwrap, subprocess) or
-    :class:`~skyrl_sandbox.docker_engine.ContainerWorker`. Drive it from one event loop."""
+    :class:`~skyrl_sandbox.backends.docker.worker.ContainerWorker`. Drive it from one event loop."""
 
     backend: str
     plan: LaunchPlan  # the paths as the worker sees them

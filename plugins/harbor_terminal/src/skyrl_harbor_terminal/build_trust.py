@@ -30,11 +30,15 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from skyrl_sandbox import images
-from skyrl_sandbox.images import ImageBuildError
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.backends.docker.images import ImageBuildError
 
 from .substitutes import image_uses, instruction_lines
+
+if TYPE_CHECKING:
+    from skyrl_sandbox.container_engine import ContainerEngine
 
 BUNDLE_ENV = "SKYRL_BUILD_CA_BUNDLE"  # default of env.build_ca_bundle (unset: auto)
 OFF = ("none", "off", "")
@@ -120,10 +124,11 @@ def resolve(value: str | None) -> TrustBundle | None:
     return None
 
 
-def ensure_image(bundle: TrustBundle, progress: images.Progress | None = None) -> str:
-    """The trust image of ``bundle`` (``FROM scratch``: the bundle and the wget/apt settings naming it), built once."""
+def ensure_image(engine: ContainerEngine, bundle: TrustBundle, progress: images.Progress | None = None) -> str:
+    """The trust image of ``bundle`` on ``engine`` (``FROM scratch``: the bundle and the wget/apt settings naming
+    it), built once."""
     with _image_lock:
-        if images.image_exists(bundle.tag):
+        if images.image_exists(engine, bundle.tag):
             return bundle.tag
         with tempfile.TemporaryDirectory(prefix="skyrl-build-trust-") as folder:
             context = Path(folder)
@@ -131,7 +136,7 @@ def ensure_image(bundle: TrustBundle, progress: images.Progress | None = None) -
             for name, text in files.items():
                 (context / name).write_text(text, encoding="utf-8")
             (context / "Dockerfile").write_text(f"FROM scratch\nCOPY {' '.join(files)} {FOLDER[1:]}/\n")
-            return images.build_image(context, bundle.tag, progress=progress)
+            return images.build_image(engine, context, bundle.tag, progress=progress)
 
 
 def rewrite(text: str, image: str, user_of: Callable[[str], str]) -> str | None:
@@ -176,13 +181,12 @@ def tls_failure_hint(output: str, bundle: TrustBundle | None, value: str | None)
             f"check that the Dockerfile sets no {', '.join(list(VARIABLES)[:4])} of its own (its ENV wins)")
 
 
-def image_user(ref: str) -> str:
-    """The user an image on the engine runs as ("" for root or an image the engine does not have)."""
+def image_user(engine: ContainerEngine, ref: str) -> str:
+    """The user an image on ``engine`` runs as ("" for root or an image the engine does not have)."""
     import docker
-    from skyrl_sandbox.docker_client import shared_client
 
     try:
-        return shared_client().api.inspect_image(ref)["Config"].get("User") or ""
+        return engine.shared_client().api.inspect_image(ref)["Config"].get("User") or ""
     except docker.errors.APIError:
         return ""
 

@@ -15,10 +15,11 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skyrl_sandbox import images
+from skyrl_sandbox.backends.docker import images
 from skyrl_sandbox.errors import SandboxError
 
 from . import build_trust, substitutes
@@ -26,12 +27,14 @@ from .config import HarborTerminalConfig
 from .images import TERMINAL_IMAGE
 
 if TYPE_CHECKING:
+    from skyrl_sandbox.container_engine import ContainerEngine
+
     from .task_model import HarborTask
 
 log = logging.getLogger(__name__)
-BuildOnce = Callable[[str, Callable[[], Coroutine[Any, Any, str]]], Awaitable[str]]
-"""``build_once(tag, build)``: ``build()``'s result for ``tag``, started at most once per process
-(:meth:`~skyrl_harbor_terminal.provision.Provisioner.build_once`)."""
+BuildOnce = Callable[["ContainerEngine", str, Callable[[], Coroutine[Any, Any, str]]], Awaitable[str]]
+"""``build_once(engine, tag, build)``: ``build()``'s result for ``tag`` on ``engine``, started at most once per
+process (:meth:`~skyrl_harbor_terminal.provision.Provisioner.build_once`)."""
 _substituted: dict[str, tuple[str, ...]] = {}  # image tag -> "ref: Debian suite" for each image its build substituted
 
 
@@ -51,9 +54,11 @@ def substituted(tag: str) -> tuple[str, ...]:
     return _substituted.get(tag, ())
 
 
-async def build_task_image(what: str, context: Path, dockerfile: str, tag: str, config: HarborTerminalConfig, *,
-                           timeout_s: float, buildargs: Mapping[str, str] | None = None) -> str:
-    """Build ``context/dockerfile`` as ``tag``; ``what`` names the image in errors ("task t: its image")."""
+async def build_task_image(engine: ContainerEngine, what: str, context: Path, dockerfile: str, tag: str,
+                           config: HarborTerminalConfig, *, timeout_s: float,
+                           buildargs: Mapping[str, str] | None = None) -> str:
+    """Build ``context/dockerfile`` as ``tag`` on ``engine``; ``what`` names the image in errors ("task t: its
+    image")."""
     log_file = build_log_path(config, tag)
     network = substitutes.build_network_enabled(config.build_network)
 
@@ -64,18 +69,19 @@ async def build_task_image(what: str, context: Path, dockerfile: str, tag: str, 
     started: float | None = None  # when the engine's build began (its log is then this build's)
     try:
         plan = await asyncio.to_thread(substitutes.plan_build, context / dockerfile,
-                                       enabled=substitutes.substitutes_enabled(config.substitute_images))
+                                       enabled=substitutes.substitutes_enabled(config.substitute_images),
+                                       exists=partial(substitutes.on_engine, engine))
         _substituted[tag] = tuple(f"{s.ref}: a stand-in from Debian {s.suite}" for s in plan.substitutes)
         for warning in plan.warnings:
             log.warning("%s: %s", what, warning)
         for substitute in plan.substitutes:  # FROM lines would build them too; COPY --from would not
-            await asyncio.to_thread(images.ensure_base_image, substitute.tag, progress=say)
+            await asyncio.to_thread(images.ensure_base_image, engine, substitute.tag, progress=say)
         trust = await asyncio.to_thread(build_trust.resolve, config.build_ca_bundle) if network else None
-        text = plan.text if trust is None else await asyncio.to_thread(_trusting, trust, context / dockerfile, plan,
-                                                                        say)
+        text = plan.text if trust is None else await asyncio.to_thread(_trusting, engine, trust, context / dockerfile,
+                                                                        plan, say)
         started = time.time()
         return await asyncio.to_thread(
-            images.build_image, context, tag, dockerfile=dockerfile, base=TERMINAL_IMAGE, timeout_s=timeout_s,
+            images.build_image, engine, context, tag, dockerfile=dockerfile, base=TERMINAL_IMAGE, timeout_s=timeout_s,
             log_file=log_file, progress=say, dockerfile_text=text, network=network, notes=plan.notes,
             buildargs=dict(buildargs) if buildargs else None)
     except SandboxError as exc:
@@ -90,13 +96,14 @@ async def build_task_image(what: str, context: Path, dockerfile: str, tag: str, 
                                    + f"; build log: {log_file}") from exc
 
 
-def _trusting(trust: build_trust.TrustBundle, recipe: Path, plan: substitutes.BuildPlan,
+def _trusting(engine: ContainerEngine, trust: build_trust.TrustBundle, recipe: Path, plan: substitutes.BuildPlan,
               say: Callable[[str], None]) -> str | None:
     """The Dockerfile text with ``trust`` in its build steps (noted in the build log), or the plan's when none runs."""
-    trusted = build_trust.rewrite(plan.text or recipe.read_text(errors="replace"), trust.tag, build_trust.image_user)
+    trusted = build_trust.rewrite(plan.text or recipe.read_text(errors="replace"), trust.tag,
+                                  partial(build_trust.image_user, engine))
     if trusted is None:
         return plan.text
-    build_trust.ensure_image(trust, progress=say)
+    build_trust.ensure_image(engine, trust, progress=say)
     plan.notes.append(f"RUN steps trust {trust.extra} extra CA(s) from {trust.source} (env.build_ca_bundle); "
                       "the final image keeps neither them nor their variables")
     return trusted

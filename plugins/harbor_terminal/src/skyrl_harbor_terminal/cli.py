@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from skyrl_sandbox.container_engine import ContainerEngine
 
 
 @dataclass
@@ -67,23 +70,31 @@ def images_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     build: bool = typer.Option(False, "--build", help="Build the substitutes and local base images listed that "
                                                       "the engine lacks."),
+    backend: str = typer.Option("auto", "--backend", help="The sandbox backend (one that runs images) whose engine "
+                                                          "is asked and builds; auto: the first installed."),
 ) -> None:
     """List the images a dataset's tasks need (each FROM, COPY --from and task.toml docker_image): which the
     engine has, which the offline base-image map builds here (from which Debian suite), which cannot be had."""
-    from skyrl_sandbox.docker_client import engine_problem
+    from skyrl_sandbox.backends.docker import images
+    from skyrl_sandbox.errors import SandboxError
 
+    try:
+        engine = images.image_engine(None if backend == "auto" else backend)
+    except SandboxError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     tasks, task_problems = _load(path)
-    problem = engine_problem()
-    rows, read_problems = image_rows(tasks, engine=problem is None)
+    problem = engine.problem()
+    rows, read_problems = image_rows(tasks, engine=None if problem else engine)
     task_problems += read_problems
     if problem:
-        typer.echo(f"no Docker Engine answers ({problem}): which images are on the engine is not shown; "
-                   "what the offline base-image map can build is", err=True)
+        typer.echo(f"{problem}: which images are on the engine is not shown; what the offline base-image map can "
+                   "build is", err=True)
     if build:
         if problem:
-            typer.echo("error: --build needs a Docker Engine", err=True)
+            typer.echo(f"error: --build needs a {engine.title}", err=True)
             raise typer.Exit(1)
-        if not _build(rows):
+        if not _build(rows, engine):
             raise typer.Exit(1)
     if as_json:
         typer.echo(json.dumps({"images": [asdict(row) for row in rows], "problems": task_problems}, indent=2))
@@ -114,9 +125,10 @@ def _load(path: str | None) -> tuple[list[Any], list[str]]:
     return tasks, problems
 
 
-def image_rows(tasks: list[Any], *, engine: bool) -> tuple[list[ImageRow], list[str]]:
-    """One row per image the tasks need, in first-use order; and the tasks whose Dockerfile could not be read."""
-    from skyrl_sandbox import images
+def image_rows(tasks: list[Any], *, engine: ContainerEngine | None) -> tuple[list[ImageRow], list[str]]:
+    """One row per image the tasks need, in first-use order, and whether ``engine`` has them (None: no engine
+    answers); and the tasks whose Dockerfile could not be read."""
+    from skyrl_sandbox.backends.docker import images
 
     from . import substitutes
 
@@ -142,12 +154,12 @@ def image_rows(tasks: list[Any], *, engine: bool) -> tuple[list[ImageRow], list[
     return list(rows.values()), problems
 
 
-def _classify(ref: str, *, engine: bool, images: Any, substitutes: Any) -> ImageRow:
+def _classify(ref: str, *, engine: ContainerEngine | None, images: Any, substitutes: Any) -> ImageRow:
     row = ImageRow(ref)
     if "$" in ref:
         row.state, row.problem = "cannot be had", "names a build argument without a default"
         return row
-    row.on_engine = substitutes.on_engine(ref) if engine else None
+    row.on_engine = substitutes.on_engine(engine, ref) if engine else None
     if images.declared_base_image(ref) is not None:
         spec = images.declared_base_image(ref)
         row.state, row.suite, row.built = "local base", spec.suite, row.on_engine
@@ -161,7 +173,7 @@ def _classify(ref: str, *, engine: bool, images: Any, substitutes: Any) -> Image
         row.state, row.problem = "cannot be had", str(exc)
         return row
     row.state, row.substitute, row.suite = "substitute", substitute.tag, substitute.suite
-    row.built = substitutes.on_engine(substitute.tag) if engine else None
+    row.built = substitutes.on_engine(engine, substitute.tag) if engine else None
     row.warnings = list(substitute.warnings)
     if not substitutes.substitutes_enabled(None):
         row.warnings.append(f"the map is off ({substitutes.SUBSTITUTE_ENV}=0): builds will not use it")
@@ -170,9 +182,9 @@ def _classify(ref: str, *, engine: bool, images: Any, substitutes: Any) -> Image
     return row
 
 
-def _build(rows: list[ImageRow]) -> bool:
-    """Build what the rows name and the engine lacks; False when a build failed (its error is printed)."""
-    from skyrl_sandbox import images
+def _build(rows: list[ImageRow], engine: ContainerEngine) -> bool:
+    """Build what the rows name and ``engine`` lacks; False when a build failed (its error is printed)."""
+    from skyrl_sandbox.backends.docker import images
     from skyrl_sandbox.errors import SandboxError
 
     from . import substitutes
@@ -186,7 +198,8 @@ def _build(rows: list[ImageRow]) -> bool:
             substitutes.substitute_for(row.image).declare()
         typer.echo(f"building {tag} (for {row.image})")
         try:
-            images.ensure_base_image(tag, progress=lambda line: typer.echo(line) if not line.startswith("  ") else None)
+            images.ensure_base_image(engine, tag,
+                                     progress=lambda line: typer.echo(line) if not line.startswith("  ") else None)
         except SandboxError as exc:
             typer.echo(f"error: {tag} did not build: {exc}", err=True)
             ok = False

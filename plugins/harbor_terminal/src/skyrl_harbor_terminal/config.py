@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 from skyrl_core import EnvConfig
+from skyrl_sandbox.options import MachineBackend, backend_description
 
 from .rewards import weights_problem
 
@@ -21,9 +22,12 @@ class HarborTerminalConfig(EnvConfig):
         "agent-path and agent-tests findings), so a policy could write its own reward: 'skip' leaves them out (one "
         "line names them); 'include' plays them, marked [forgeable]. skyrl run defaults to 'skip'; skyrl eval and "
         "skyrl rollout default to 'include'."))
-    backend: Literal["auto", "docker", "bwrap"] = Field(
-        "auto", description="Where tasks run: a Docker container of the task's image; bwrap (no Docker) for tasks "
-                            "declaring [metadata.skyrl] base_packages_only; auto: docker when an engine answers.")
+    backend: MachineBackend = Field("auto", description=backend_description(
+        "Where tasks run: a backend that runs images starts a container of the task's image; one that runs the "
+        "host's tools replays the task's Dockerfile on them, for tasks declaring [metadata.skyrl] "
+        "base_packages_only. Here auto picks the first backend that runs images whose engine answers (and whose "
+        "base image is there or can be built), else, for such tasks, the first that runs the host's tools.",
+        machines=True))
     command_timeout_s: float = Field(30.0, gt=0, description="Each command block is interrupted (Ctrl-C, then "
                                                              "killed) after this long.")
     agent_timeout_s: float | None = Field(None, gt=0, description="Time the agent's commands may run per step; "
@@ -37,15 +41,16 @@ class HarborTerminalConfig(EnvConfig):
     max_commands_per_turn: int = Field(8, ge=1, description="Command blocks run per action; more are refused.")
     agent_user: str = Field("agent", description="Unprivileged user the agent's shell runs as, unless the task's "
                                                  "[agent] user says otherwise.")
-    max_live_machines: int = Field(8, ge=1, description="Containers (or bwrap machines) alive at once in this "
-                                                        "process; further episodes wait for one to finish.")
+    max_live_machines: int = Field(8, ge=1, description="Machines alive at once in this process; further episodes "
+                                                        "wait for one to finish.")
     starts_per_second: float = Field(4.0, gt=0, description="Rate limit of machine starts in this process.")
     max_cpus: float = Field(2.0, gt=0, description="Ceiling on a task's [environment] cpus.")
     max_memory_mb: int = Field(2048, ge=64, description="Ceiling on a task's memory_mb.")
     max_storage_mb: int = Field(4096, ge=16, description="Ceiling on a task's storage_mb.")
     max_processes: int = Field(512, ge=16, description="Processes and threads per machine (a fork bomb's ceiling).")
-    allow_internet: bool = Field(False, description="Let tasks with allow_internet = true have a network (docker "
-                                                    "backend; the engine must provide one). Off: they run offline.")
+    allow_internet: bool = Field(False, description="Let tasks with allow_internet = true have a network (a "
+                                                    "backend that runs images; its engine must provide one). Off: "
+                                                    "they run offline.")
     build_logs: str | None = Field(None, description="Folder for image build logs; default: "
                                                      "~/.cache/skyrl/harbor/build-logs.")
     substitute_images: bool | None = Field(None, description=(

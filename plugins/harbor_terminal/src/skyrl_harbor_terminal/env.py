@@ -1,12 +1,12 @@
 """``harbor_terminal``: a Harbor task as a TextEnv: shell commands in the task's machine, its tests as reward.
 
 An episode: the prompt is the step's instruction and the action format (see :mod:`.actions`). The
-machine starts with the first action: the task image built once per process (docker), or its
-Dockerfile replayed on the host's tools (bwrap). Each command block runs in one persistent shell as
-the agent user; the observation is its output (head and tail past ``max_output_bytes``, with a
-note) and exit status, or that it was interrupted at ``command_timeout_s``. ``<done/>``, the turn
-limit or the agent's time (the total time its commands ran, so a slow model cannot time a task
-out) end the step; then the step's tests run (:mod:`.verifier`) and give its reward. A multi-step
+machine starts with the first action: the task image built once per process (on a backend that
+runs images), or its Dockerfile replayed on the host's tools (on one that does not). Each command
+block runs in one persistent shell as the agent user; the observation is its output (head and tail
+past ``max_output_bytes``, with a note) and exit status, or that it was interrupted at
+``command_timeout_s``. ``<done/>``, the turn limit or the agent's time (the total time its commands
+ran, so a slow model cannot time a task out) end the step; then the step's tests run (:mod:`.verifier`) and give its reward. A multi-step
 task then goes on with the next step's instruction in the same machine (unless a ``min_reward``
 stops it), and the episode's reward combines the steps' (``multi_step_reward_strategy``): it is
 paid on the last turn, every other turn's reward is 0. The machine is removed when the episode
@@ -29,14 +29,17 @@ import logging
 import shlex
 import warnings
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
 from skyrl_core import StepResult, TextEnv
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.choice import strong_names
 from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
 from skyrl_sandbox.machine import Machine
 from skyrl_sandbox.node import worker_resources
+from skyrl_sandbox.registry import get_backend
 from skyrl_sandbox.terminal import CommandResult, TerminalSession
 
 from .actions import parse_action
@@ -46,7 +49,15 @@ from .config import HarborTerminalConfig
 from .forgeable import refusal, select_rows
 from .healthcheck import run_healthcheck
 from .lint import lint_task, task_workdir
-from .provision import Provisioner, Started, TaskEnvironmentError, image_source, provisioner
+from .provision import (
+    Provisioner,
+    Started,
+    TaskEnvironmentError,
+    container_runtime,
+    image_backends,
+    image_source,
+    provisioner,
+)
 from .rewards import MAX_KEYS
 from .step_workdir import upload_step_workdir
 from .task import HarborTask, HarborTaskWarning, Step, combine_rewards, load_task
@@ -91,8 +102,8 @@ class HarborTerminalEnv(TextEnv):
 
     @classmethod
     def ray_resources(cls, config: HarborTerminalConfig) -> dict[str, float]:
-        """A docker slot (``auto`` prefers Docker), or a bwrap one for ``backend=bwrap``."""
-        return worker_resources(config.backend, auto="docker")
+        """A slot of the configured backend's nodes (``auto``: of the first strong backend that runs images)."""
+        return worker_resources(config.backend, auto=next(iter(_auto_image_backends()), None))
 
     def __init__(self, task: dict[str, Any] | None = None, config: Any = None) -> None:
         super().__init__(task, config)
@@ -189,15 +200,19 @@ class HarborTerminalEnv(TextEnv):
 
     async def astep(self, action: str) -> StepResult:
         result = await super().astep(action)
-        return await run_on_sandbox_loop(self._settle(result))
+        return await run_on_sandbox_loop(self._settle(result)) if self._unsettled(result) else result
 
     def step(self, action: str) -> StepResult:
-        return run_on_sandbox_loop_sync(self._settle(super().step(action)))
+        result = super().step(action)
+        return run_on_sandbox_loop_sync(self._settle(result)) if self._unsettled(result) else result
+
+    def _unsettled(self, result: StepResult) -> bool:
+        """The episode ended without its tests (the turn limit after a refused reply): only then is a second trip
+        to the sandbox loop needed, to run them."""
+        return (result.terminated or result.truncated) and not self.ended and "error" not in result.info
 
     async def _settle(self, result: StepResult) -> StepResult:
-        """An episode that ended without its tests (the turn limit after a refused reply) still gets them."""
-        if not (result.terminated or result.truncated) or self.ended or "error" in result.info:
-            return result
+        """Run the tests of an episode that ended without them (see :meth:`_unsettled`)."""
         try:
             reward, info = await self._finish("turn_limit")
         except Exception as exc:  # noqa: BLE001 - this episode ends; the batch goes on
@@ -312,8 +327,8 @@ class HarborTerminalEnv(TextEnv):
         weights = self.config.reward_weights or self.harbor_task.reward_weights
         if step.tests_machine is not None:  # environment_mode = "separate": the tests run in a machine of their own
             assert self._provisioner is not None
-            verdict = await verify_apart(self._provisioner, self.harbor_task, step, self.config, self.artifact_log,
-                                         timeout, weights)
+            verdict = await verify_apart(self._provisioner, self.harbor_task, step, self.config, machine.backend,
+                                         self.artifact_log, timeout, weights)
         else:
             verdict = await verify(machine, self.harbor_task, step, timeout, cwd=cwd, weights=weights)
         self.verdicts.append(verdict)
@@ -405,10 +420,11 @@ class HarborTerminalEnv(TextEnv):
             self.container_error = True
             raise
         self._machine = started.machine
-        await build_tests_images(self._provisioner, task, self.config)  # a broken one is an env error, as the task's
+        await build_tests_images(self._provisioner, task, self.config, backend)  # broken: an env error, as the task's
         await prepare_agent_machine(self._machine, task)
         self.report.update({"image source": image_source(task),  # now with what stood in for public images
-                            "build": "replayed on the host" if backend == "bwrap" else f"ok ({started.build_s:.1f} s)"})
+                            "build": f"ok ({started.build_s:.1f} s)" if get_backend(backend).runs_images
+                            else "replayed on the host"})
         self.timings.update(build_s=started.build_s, start_s=started.start_s, wait_s=started.wait_s)
         for warning in started.warnings:
             log.info("task %s: %s", task.name, warning)
@@ -532,27 +548,42 @@ def warn_where_the_tests_start(rows: Sequence[dict[str, Any]], verifier_cwd: str
 
 
 def resolve_backend(requested: str, task: HarborTask) -> str:
-    """docker or bwrap for ``task``; TaskEnvironmentError when neither can run it here."""
+    """The backend that runs ``task``: ``requested``, or for ``auto`` the first strong backend that runs images and
+    works here (its base image there or buildable), else, for a task the host's tools can stand in for
+    (``base_packages_only``), the first strong backend with machines that runs none; TaskEnvironmentError when
+    nothing can run it here."""
     if requested != "auto":
         return requested
-    problem = _docker_problem()
-    if problem is None:
-        return "docker"
+    problems = []
+    for name in _auto_image_backends():
+        problem = _image_problem(name)
+        if problem is None:
+            return name
+        problems.append(f"{name}: {problem}")
     compose = task.environment.compose
     if (task.environment.base_packages_only and not task.environment.tests_run_agent_code and compose is None
             and not task.separate_tests):
-        return "bwrap"
+        host = next((name for name in strong_names()
+                     if get_backend(name).has_machines and not get_backend(name).runs_images), None)
+        if host is not None:
+            return host
+    needs = f"task {task.name} needs {container_runtime()}"
+    why = f" and none works here ({'; '.join(problems)})" if problems else ""
     if compose is not None:
-        raise TaskEnvironmentError(f"task {task.name} needs Docker (its {compose.path.name} runs services beside the "
-                                   f"agent's machine) and {problem}; start an engine (scripts/setup.sh does)")
-    raise TaskEnvironmentError(f"task {task.name} needs Docker and {problem}; start an engine (scripts/setup.sh does) "
-                               "or give the task [metadata.skyrl] base_packages_only = true if the host's tools suffice")
+        raise TaskEnvironmentError(f"{needs} (its {compose.path.name} runs services beside the agent's machine){why}; "
+                                   "start an engine (scripts/setup.sh does)")
+    raise TaskEnvironmentError(f"{needs}{why}; start an engine (scripts/setup.sh does) or give the task "
+                               "[metadata.skyrl] base_packages_only = true if the host's tools suffice")
 
 
-@lru_cache(maxsize=1)
-def _docker_problem() -> str | None:
-    from skyrl_sandbox.images import base_image_unavailable
+def _auto_image_backends() -> list[str]:
+    """The strong backends that run images, in the order ``auto`` tries them."""
+    return [name for name in image_backends() if get_backend(name).strong]
 
-    return base_image_unavailable()
+
+@cache
+def _image_problem(backend: str) -> str | None:
+    """None when ``backend`` (one that runs images) works here and its base image is there or can be built."""
+    return get_backend(backend).problem() or images.base_image_unavailable(images.image_engine(backend))
 
 

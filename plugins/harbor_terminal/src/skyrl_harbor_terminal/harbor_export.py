@@ -4,7 +4,7 @@ A task folder that loads here may lean on four things Harbor's own runner does n
 
 - **test helpers** (``[metadata.skyrl] test_helpers``): the copy's ``tests/`` gets each helper as a file (a
   file of the same name the task already has there wins, as it does here), and the key is dropped;
-- **local base images** (a ``FROM`` of an image declared with :func:`skyrl_sandbox.images.register_base_image`,
+- **local base images** (a ``FROM`` of an image declared with :func:`skyrl_sandbox.backends.docker.images.register_base_image`,
   such as ``skyrl-terminal-base:bookworm-1``): each such ``FROM`` in the copy's Dockerfiles becomes the public
   ``debian:<suite>-slim`` plus an ``apt-get install`` of the same packages and the same ``ENV``;
 - **a step's ``setup.sh``**, which Harbor runs from ``steps/<name>/workdir/setup.sh``: moved there;
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import tomllib
-from skyrl_sandbox import images
+from skyrl_sandbox.backends.docker import images
 
 from . import substitutes
 from .config import HarborTerminalConfig

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from skyrl_sandbox import images
+from skyrl_sandbox.backends.docker import images
 from skyrl_sandbox.errors import SandboxError
 
 TERMINAL_IMAGE = images.register_base_image(
@@ -18,9 +18,9 @@ TERMINAL_IMAGE = images.register_base_image(
 
 
 def main() -> int:
-    """Build the terminal base image unless the engine has it."""
+    """Build the terminal base image unless the engine (of the first installed backend that runs images) has it."""
     try:
-        images.ensure_base_image(TERMINAL_IMAGE, progress=lambda line: print(line, flush=True))
+        images.ensure_base_image(images.image_engine(), TERMINAL_IMAGE, progress=lambda line: print(line, flush=True))
     except SandboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -17,10 +17,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from skyrl_sandbox import images
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.container_engine import ContainerEngine
 from skyrl_sandbox.errors import SandboxError
 from skyrl_sandbox.machine import Machine, MachineSpec
 from skyrl_sandbox.machine_factory import start_machine
+from skyrl_sandbox.registry import get_backend, registered
 
 from . import substitutes
 from .builds import TaskEnvironmentError, build_task_image, substituted, task_image_tag
@@ -54,7 +56,7 @@ class Provisioner:
         self.interval = 1.0 / starts_per_second
         self._next_start = 0.0
         self._rate_lock = asyncio.Lock()
-        self._builds: dict[str, asyncio.Future[str]] = {}
+        self._builds: dict[tuple[ContainerEngine, str], asyncio.Future[str]] = {}
 
     async def start(self, task: HarborTask, config: HarborTerminalConfig, backend: str) -> Started:
         """A machine for ``task`` (a live-machine slot is held until :meth:`release`)."""
@@ -63,13 +65,15 @@ class Provisioner:
         try:
             wait_s = time.monotonic() - waited
             built = time.monotonic()
-            image = await self.image(task, config) if backend == "docker" else None
-            if backend == "docker":
-                await service_images(self.build_once, task, config)  # the compose services' images, built here too
+            engine = machine_engine(backend)
+            image = None
+            if engine is not None:
+                image = await self.image(task, config, engine)
+                await service_images(self.build_once, engine, task, config)  # the compose services' images too
             build_s = time.monotonic() - built
             await self._rate_limit()
             started = time.monotonic()
-            machine = await self._start(task, config, backend, image)
+            machine = await self._start(task, config, backend, engine, image)
             return Started(machine, build_s, time.monotonic() - started, wait_s, list(machine.warnings))
         except BaseException:
             self.slots.release()
@@ -78,22 +82,25 @@ class Provisioner:
     def release(self) -> None:
         self.slots.release()
 
-    async def image(self, task: HarborTask, config: HarborTerminalConfig) -> str:
-        """The task's image tag, built (once per process) from its Dockerfile, or its prebuilt image."""
+    async def image(self, task: HarborTask, config: HarborTerminalConfig, engine: ContainerEngine) -> str:
+        """The task's image tag on ``engine``, built (once per process) from its Dockerfile, or its prebuilt image."""
         environment = task.environment
         if environment.docker_image and environment.context_dir is None:
-            return await asyncio.to_thread(_prebuilt_image, task, config)
+            return await asyncio.to_thread(_prebuilt_image, task, config, engine)
         assert environment.context_dir is not None
         tag = task_image_tag(task)
-        return await self.build_once(tag, partial(
-            build_task_image, f"task {task.name}: its image", environment.context_dir, environment.dockerfile, tag,
-            config, timeout_s=environment.build_timeout_sec))
+        return await self.build_once(engine, tag, partial(
+            build_task_image, engine, f"task {task.name}: its image", environment.context_dir,
+            environment.dockerfile, tag, config, timeout_s=environment.build_timeout_sec))
 
-    def build_once(self, tag: str, build: Callable[[], Coroutine[Any, Any, str]]) -> Awaitable[str]:
-        """``build()``'s result for ``tag``, started at most once per process (a failure fails every later wait)."""
-        if tag not in self._builds:
-            self._builds[tag] = asyncio.ensure_future(build())
-        return asyncio.shield(self._builds[tag])
+    def build_once(self, engine: ContainerEngine, tag: str, build: Callable[[], Coroutine[Any, Any, str]]
+                   ) -> Awaitable[str]:
+        """``build()``'s result for ``tag`` on ``engine``, started at most once per process (a failure fails every
+        later wait)."""
+        key = (engine, tag)
+        if key not in self._builds:
+            self._builds[key] = asyncio.ensure_future(build())
+        return asyncio.shield(self._builds[key])
 
     async def _rate_limit(self) -> None:
         async with self._rate_lock:
@@ -102,11 +109,11 @@ class Provisioner:
                 await asyncio.sleep(self._next_start - now)
             self._next_start = max(now, self._next_start) + self.interval
 
-    async def _start(self, task: HarborTask, config: HarborTerminalConfig, backend: str, image: str | None
-                     ) -> Machine:
+    async def _start(self, task: HarborTask, config: HarborTerminalConfig, backend: str,
+                     engine: ContainerEngine | None, image: str | None) -> Machine:
         environment = task.environment
-        recipe = bwrap_recipe(task) if backend == "bwrap" else None
-        workdir = environment.workdir or (recipe.workdir if recipe else await image_workdir(image))
+        recipe = bwrap_recipe(task, backend) if engine is None else None
+        workdir = environment.workdir or (recipe.workdir if recipe else await image_workdir(engine, image))
         if workdir in _SYSTEM_FOLDERS or not workdir.startswith("/"):
             workdir = DEFAULT_WORKDIR
         agent_user = task.steps[0].agent_user or config.agent_user
@@ -116,8 +123,8 @@ class Provisioner:
             storage_mb=min(environment.storage_mb, config.max_storage_mb), max_processes=config.max_processes,
             network=environment.allow_internet and config.allow_internet,
             env={**(recipe.env if recipe else {}), **environment.env})  # [environment] env wins, as docker run -e does
-        if backend == "docker":
-            spec = with_services(spec, task, await service_images(self.build_once, task, config))
+        if engine is not None:
+            spec = with_services(spec, task, await service_images(self.build_once, engine, task, config))
         machine = await start_machine(spec, backend)
         if recipe is not None:
             try:
@@ -128,14 +135,30 @@ class Provisioner:
         return machine
 
 
-def _prebuilt_image(task: HarborTask, config: HarborTerminalConfig) -> str:
-    """The task's ``docker_image`` when the engine has it, else its substitute (built once), else an error."""
+def machine_engine(backend: str) -> ContainerEngine | None:
+    """The container engine whose images ``backend``'s machines run; None for a backend that runs the host's tools
+    (the task's Dockerfile is then replayed on them, :func:`bwrap_recipe`)."""
+    return images.image_engine(backend) if get_backend(backend).runs_images else None
+
+
+def image_backends() -> tuple[str, ...]:
+    """The installed backends whose machines are containers of an image, in ``auto`` order."""
+    return tuple(name for name, backend in registered().items() if backend.runs_images and backend.has_machines)
+
+
+def container_runtime() -> str:
+    """What a task that needs its image built and run needs, in words: a backend that runs images."""
+    return f"a container runtime ({' or '.join(image_backends()) or 'none is installed'})"
+
+
+def _prebuilt_image(task: HarborTask, config: HarborTerminalConfig, engine: ContainerEngine) -> str:
+    """The task's ``docker_image`` when ``engine`` has it, else its substitute (built once), else an error."""
     image = task.environment.docker_image
     assert image is not None
-    if substitutes.on_engine(image):
+    if substitutes.on_engine(engine, image):
         return image
-    problem = (f"task {task.name}: its image {image} is not on this Docker Engine, and nothing is pulled; load it "
-               f"(docker load / docker build -t {image} ...) first")
+    problem = (f"task {task.name}: its image {image} is not on this {engine.title}, and nothing is pulled; "
+               f"load it (docker load / docker build -t {image} ...) first")
     try:
         substitute = substitutes.substitute_for(image)
     except substitutes.UnavailableImage as exc:
@@ -147,7 +170,7 @@ def _prebuilt_image(task: HarborTask, config: HarborTerminalConfig) -> str:
         log.warning("task %s: %s", task.name, warning)
     log.info("task %s: %s is not on this engine; using its substitute %s", task.name, image, substitute.tag)
     try:
-        return images.ensure_base_image(substitute.declare(), progress=lambda line: log.debug("%s", line))
+        return images.ensure_base_image(engine, substitute.declare(), progress=lambda line: log.debug("%s", line))
     except SandboxError as exc:
         raise TaskEnvironmentError(f"task {task.name}: the substitute of its image {image} did not build ({exc})") \
             from exc
@@ -169,33 +192,36 @@ def image_source(task: HarborTask) -> str:
     return source
 
 
-def bwrap_recipe(task: HarborTask) -> BwrapRecipe:
-    """How to recreate the task's image without Docker; TaskEnvironmentError when that is not possible."""
+def bwrap_recipe(task: HarborTask, backend: str) -> BwrapRecipe:
+    """How to recreate the task's image on the host's tools (``backend``, one that runs no images);
+    TaskEnvironmentError when that is not possible."""
     environment = task.environment
+    needs = f"task {task.name} needs {container_runtime()}"
     if environment.compose is not None:
         raise TaskEnvironmentError(
-            f"task {task.name} needs Docker: its environment/{environment.compose.path.name} runs services "
+            f"{needs}: its environment/{environment.compose.path.name} runs services "
             f"({', '.join(environment.compose.service_names) or 'settings for main'}) beside the agent's machine, "
-            "which only the docker backend provides")
+            "which only a container runtime provides")
     if not environment.base_packages_only:
         raise TaskEnvironmentError(
-            f"task {task.name} needs Docker: it does not declare [metadata.skyrl] base_packages_only = true, so the "
-            "bwrap backend (the host's own tools) cannot stand in for its image")
+            f"{needs}: it does not declare [metadata.skyrl] base_packages_only = true, so the {backend} backend (the "
+            "host's own tools) cannot stand in for its image")
     if environment.tests_run_agent_code:
         raise TaskEnvironmentError(
-            f"task {task.name} needs Docker: its tests run the agent's code ([metadata.skyrl] tests_run_agent_code), "
-            "and in a bwrap machine the agent and the tests share one host user, so that code could write the reward")
+            f"{needs}: its tests run the agent's code ([metadata.skyrl] tests_run_agent_code), and in a {backend} "
+            "machine the agent and the tests share one host user, so that code could write the reward")
     if task.separate_tests:
-        raise TaskEnvironmentError(f"task {task.name} needs Docker: its tests run in a machine of their own "
-                                   "([verifier] environment_mode = \"separate\"), which only docker provides")
+        raise TaskEnvironmentError(f"{needs}: its tests run in a machine of their own "
+                                   "([verifier] environment_mode = \"separate\"), which only a container runtime "
+                                   "provides")
     if environment.context_dir is None:
-        raise TaskEnvironmentError(f"task {task.name} needs Docker: it names a prebuilt image")
+        raise TaskEnvironmentError(f"{needs}: it names a prebuilt image")
     recipe_file = environment.context_dir / environment.dockerfile
     try:
         instructions = parse_dockerfile(recipe_file.read_text(), source=str(recipe_file))
         return plan_for_bwrap(instructions, TERMINAL_IMAGE, source=str(recipe_file))
     except ValueError as exc:
-        raise TaskEnvironmentError(f"task {task.name} cannot run on bwrap: {exc}") from exc
+        raise TaskEnvironmentError(f"task {task.name} cannot run on {backend}: {exc}") from exc
 
 
 async def _apply_recipe(machine: Machine, task: HarborTask, recipe: BwrapRecipe) -> None:
@@ -213,7 +239,7 @@ async def _apply_recipe(machine: Machine, task: HarborTask, recipe: BwrapRecipe)
                                     timeout_s=task.environment.build_timeout_sec)
         if not result.ok:
             raise TaskEnvironmentError(
-                f"task {task.name}: RUN {step.command!r} failed on bwrap (exit {result.exit_code}): "
+                f"task {task.name}: RUN {step.command!r} failed on {machine.backend} (exit {result.exit_code}): "
                 f"{(result.stderr or result.stdout).decode(errors='replace')[-1000:]}")
 
 
@@ -238,13 +264,11 @@ def _copy_sources(context: Path, step: CopyStep) -> dict[str, dict[str, bytes]]:
     return out
 
 
-async def image_workdir(image: str | None) -> str:
-    """The WORKDIR of ``image`` (docker), else /app."""
-    if image is None:
+async def image_workdir(engine: ContainerEngine | None, image: str | None) -> str:
+    """The WORKDIR of ``image`` on ``engine``, else /app."""
+    if engine is None or image is None:
         return DEFAULT_WORKDIR
-    from skyrl_sandbox.docker_client import shared_client
-
-    config = await asyncio.to_thread(lambda: shared_client().api.inspect_image(image)["Config"])
+    config = await asyncio.to_thread(lambda: engine.shared_client().api.inspect_image(image)["Config"])
     return (config or {}).get("WorkingDir") or DEFAULT_WORKDIR
 
 

@@ -1,4 +1,5 @@
-"""A compose task's services on docker: their images built once per process, then the machine's sidecars.
+"""A compose task's services on a backend that runs images: their images built once per process, then the
+machine's sidecars.
 
 Each service with a ``build`` gets an image of its own, built the way task images are (offline
 unless ``build_network``, public ``FROM`` images replaced by their offline substitutes, once per
@@ -14,8 +15,9 @@ import asyncio
 import dataclasses
 import re
 from functools import partial
+from typing import TYPE_CHECKING
 
-from skyrl_sandbox import images
+from skyrl_sandbox.backends.docker import images
 from skyrl_sandbox.errors import SandboxError
 from skyrl_sandbox.machine import MachineSpec
 
@@ -23,9 +25,13 @@ from .builds import BuildOnce, TaskEnvironmentError, build_task_image, task_imag
 from .config import HarborTerminalConfig
 from .task_model import HarborTask
 
+if TYPE_CHECKING:
+    from skyrl_sandbox.container_engine import ContainerEngine
 
-async def service_images(build_once: BuildOnce, task: HarborTask, config: HarborTerminalConfig) -> dict[str, str]:
-    """Service name -> image tag on the engine, for every service of the task's compose file (each built through
+
+async def service_images(build_once: BuildOnce, engine: ContainerEngine, task: HarborTask,
+                         config: HarborTerminalConfig) -> dict[str, str]:
+    """Service name -> image tag on ``engine``, for every service of the task's compose file (each built through
     ``build_once``, the provisioner's once-per-process builds)."""
     compose = task.environment.compose
     if compose is None:
@@ -34,16 +40,16 @@ async def service_images(build_once: BuildOnce, task: HarborTask, config: Harbor
     for service in compose.services:
         if service.build is None:
             assert service.image is not None  # the compose reader requires one of them
-            if not await asyncio.to_thread(images.image_exists, service.image):
-                raise _error(task, f"the image {service.image} of its service {service.name} is not on this Docker "
-                                   f"Engine, and nothing is pulled: load it (docker load) or give the service a build "
-                                   f"in {compose.path.name}")
+            if not await asyncio.to_thread(images.image_exists, engine, service.image):
+                raise _error(task, f"the image {service.image} of its service {service.name} is not on this "
+                                   f"{engine.title}, and nothing is pulled: load it (docker load) or give the service "
+                                   f"a build in {compose.path.name}")
             found[service.name] = service.image
             continue
         tag = service_image_tag(task, service.name)
-        found[service.name] = await build_once(tag, partial(
-            build_task_image, f"task {task.name}: the image of its service {service.name}", service.build.context,
-            service.build.dockerfile, tag, config, timeout_s=task.environment.build_timeout_sec,
+        found[service.name] = await build_once(engine, tag, partial(
+            build_task_image, engine, f"task {task.name}: the image of its service {service.name}",
+            service.build.context, service.build.dockerfile, tag, config, timeout_s=task.environment.build_timeout_sec,
             buildargs=service.build.args))
     return found
 

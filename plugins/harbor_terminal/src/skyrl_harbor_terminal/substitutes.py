@@ -23,7 +23,7 @@ public image                                  substitute
 Digests (``@sha256:...``) and the ``docker.io/`` and ``library/`` prefixes are accepted and dropped
 (the build log says so). Other registries and images (``nvidia/cuda``, ``ghcr.io/...``) cannot be
 had: :class:`UnavailableImage` names the image and this map. Substitutes are declared as base
-images of :mod:`skyrl_sandbox.images`, built once per engine, cached by tag
+images of :mod:`skyrl_sandbox.backends.docker.images`, built once per engine, cached by tag
 (``skyrl-substitute/python:3.11-slim-bookworm-1``) and labelled ``skyrl.substitutes`` with what they
 stand for. An image already on the engine is always used as it is.
 """
@@ -36,10 +36,14 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomllib
-from skyrl_sandbox import images
-from skyrl_sandbox.images import ImageBuildError
+from skyrl_sandbox.backends.docker import images
+from skyrl_sandbox.backends.docker.images import ImageBuildError
+
+if TYPE_CHECKING:
+    from skyrl_sandbox.container_engine import ContainerEngine
 
 SUBSTITUTE_ENV = "SKYRL_SUBSTITUTE_IMAGES"  # default of env.substitute_images (unset: the settings file, else on)
 BUILD_NETWORK_ENV = "SKYRL_BUILD_NETWORK"  # default of env.build_network (unset: the settings file, else off)
@@ -333,13 +337,13 @@ class BuildPlan:
     substitutes: list[Substitute] = field(default_factory=list)
 
 
-def plan_build(dockerfile: Path, *, enabled: bool, exists: Callable[[str], bool] | None = None) -> BuildPlan:
-    """What the build of ``dockerfile`` starts from: images on the engine as they are, others substituted.
+def plan_build(dockerfile: Path, *, enabled: bool, exists: Callable[[str], bool]) -> BuildPlan:
+    """What the build of ``dockerfile`` starts from: images on the engine (``exists(ref)``, e.g. :func:`on_engine`)
+    as they are, others substituted.
 
     Raises :class:`UnavailableImage` for an image that is neither on the engine nor buildable here
     (or buildable only through the map while ``enabled`` is false).
     """
-    exists = exists or on_engine
     text = dockerfile.read_text(errors="replace")
     plan = BuildPlan()
     replacements: dict[str, str] = {}
@@ -358,7 +362,7 @@ def plan_build(dockerfile: Path, *, enabled: bool, exists: Callable[[str], bool]
             raise UnavailableImage(f"{dockerfile}:{use.line}: {use.instruction} {exc}") from None
         if not enabled:
             raise UnavailableImage(
-                f"{where}: the image is not on this Docker Engine, and nothing is pulled; the offline base-image map "
+                f"{where}: the image is not on the engine, and nothing is pulled; the offline base-image map "
                 f"could build it from Debian {substitute.suite} packages, but it is off: set env.substitute_images="
                 f"true (or unset {SUBSTITUTE_ENV}=0), or load the image first")
         replacements[use.ref] = substitute.declare()
@@ -373,12 +377,12 @@ def plan_build(dockerfile: Path, *, enabled: bool, exists: Callable[[str], bool]
     return plan
 
 
-def on_engine(ref: str) -> bool:
-    """Whether the engine has ``ref`` (a reference it cannot parse is not there)."""
+def on_engine(engine: ContainerEngine, ref: str) -> bool:
+    """Whether ``engine`` has ``ref`` (a reference it cannot parse is not there)."""
     import docker
 
     try:
-        return images.image_exists(ref)
+        return images.image_exists(engine, ref)
     except docker.errors.APIError:
         return False
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core import EnvConfig, StepResult, TextEnv
+from skyrl_sandbox.choice import strong_names
 from skyrl_sandbox.loop import run_on_sandbox_loop, run_on_sandbox_loop_sync
 from skyrl_sandbox.node import worker_resources
 
@@ -295,7 +296,7 @@ class RLMReplEnv(TextEnv):
         return {**{k: float(v) for k, v in self.counters.items()}, "turns_used": float(self.turn),
                 "task_reward": self.task_reward, "format_reward": self._format_reward(),
                 "final_answer_given": float(self.final_answer is not None), "depth": float(self.depth),
-                "sandbox_bwrap": float(self.backend == "bwrap")}
+                "sandbox_strong": float(self.backend in strong_names())}
 
     def close(self) -> None:
         self._close_sandbox()

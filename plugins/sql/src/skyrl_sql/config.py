@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from skyrl_core import EnvConfig
+from skyrl_sandbox.options import WorkerBackend, backend_description
 
 GRACE_S = 2.0  # how long after a query's time limit its process is killed (when it cannot stop the query itself)
 
@@ -31,14 +32,10 @@ class SQLEnvConfig(EnvConfig):
     reward_max_rows: int = Field(100_000, ge=1, description="Rows compared at most when scoring.")
     max_result_bytes: int = Field(16_000_000, ge=1_000, description="Result size cap of any query (bytes).")
     memory_limit_mb: int = Field(2048, ge=64, description="Address-space limit of each query process.")
-    sandbox: Literal["auto", "bwrap", "docker", "subprocess"] = Field(
-        "auto", description="Isolation of the query processes (skyrl-sandbox backends). bwrap: bubblewrap namespaces "
-        "(no network, read-only mounts of only the database folder, the Python standard library and the driver); "
-        "docker: the same view in a container of the base image (the database folders must be readable by "
-        "everyone: the container runs as a uid of its own); subprocess: a plain child process with rlimits, seccomp and no capabilities (weaker, opt-in only: it "
-        "shares the host's files and network); auto: bwrap, else docker, else an error saying what to install (never a "
-        "silent fallback). SKYRL_SANDBOX=bwrap|docker|subprocess requires one backend for the whole run. "
-        "'process' is a deprecated name of subprocess.")
+    sandbox: WorkerBackend = Field("auto", description=backend_description(
+        "Here it holds the query processes, which see read-only only the database folder, the Python standard "
+        "library and the driver (a container backend runs them as a uid of its own: the database folders must be "
+        "readable by everyone). 'process' is a deprecated name of subprocess."))
     sandbox_workers: int = Field(4, ge=1, description="Query processes shared by all envs of this process.")
     sandbox_cpu_time_s: int = Field(
         3600, ge=1, description="CPU seconds one query process may use over its life (RLIMIT_CPU, a backstop: each "

@@ -5,8 +5,8 @@ which limit stopped the query) or ``<solution>QUERY</solution>`` to submit. The 
 solution or at the turn limit, and is scored then: the format penalty if the model's actions break
 SkyRL-SQL's format rules (observations are never read for this), else 1 if the submitted query's
 result matches the gold query's result and 0 if not. Queries run in sandbox worker processes
-(:mod:`skyrl_sql.sandbox`); ``info["sandbox_backend"]`` and the ``sandbox_bwrap`` metric say which
-skyrl-sandbox backend holds them.
+(:mod:`skyrl_sql.sandbox`); ``info["sandbox_backend"]`` says which skyrl-sandbox backend holds them,
+and the ``sandbox_strong`` metric whether it is a strong one.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skyrl_core import EnvConfig, StepResult, TextEnv
+from skyrl_sandbox.choice import strong_names
 from skyrl_sandbox.node import worker_resources
 
 from skyrl_sql.config import SQLEnvConfig
@@ -202,7 +203,7 @@ class SQLEnv(TextEnv):
         return {"turns": float(self.turn), "execution_errors": float(self.execution_errors),
                 "invalid_turns": float(self.invalid_turns), "format_ok": 0.0, "execution_match": 0.0,
                 "exact_match": 0.0, "submitted": 0.0, **self.outcome,
-                "sandbox_bwrap": float(self.backend == "bwrap")}
+                "sandbox_strong": float(self.backend in strong_names())}
 
     @classmethod
     def load_dataset(cls, split: str = "train", config: EnvConfig | None = None) -> Sequence[dict[str, Any]]:

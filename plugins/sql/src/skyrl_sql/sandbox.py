@@ -35,6 +35,7 @@ from skyrl_sandbox import (
     WorkerGone,
     WorkerPool,
     WorkerProgram,
+    backend_names,
     resolve_backend,
 )
 from skyrl_sandbox import framing as protocol
@@ -47,7 +48,6 @@ from skyrl_sql.worker.result import QueryRequest, QueryResult
 
 log = logging.getLogger(__name__)
 
-USABLE_BACKENDS = ("bwrap", "docker", "subprocess")
 WORKER_PACKAGE = Path(__file__).resolve().parent / "worker"
 WORKER_NAME = "skyrl_sql_worker"  # the package's name inside the sandbox
 START_TIMEOUT_S = 30.0
@@ -59,8 +59,7 @@ _REAL_PATHS_CACHED = 4096
 _MAX_MESSAGE_CHARS = 10_000
 _DELIVERY_ATTEMPTS = 3
 
-__all__ = ["GRACE_S", "USABLE_BACKENDS", "QueryRunner", "SandboxError", "SandboxSettings", "get_runner",
-           "message_cap_mb"]
+__all__ = ["GRACE_S", "QueryRunner", "SandboxError", "SandboxSettings", "get_runner", "message_cap_mb"]
 
 
 def message_cap_mb(max_result_bytes: int) -> int:
@@ -74,7 +73,7 @@ def message_cap_mb(max_result_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    """How the workers of one runner are started (``backend``: auto, bwrap, docker or subprocess)."""
+    """How the workers of one runner are started (``backend``: auto or an installed sandbox backend's name)."""
 
     backend: str = "auto"
     engine: str = "sqlite"
@@ -151,10 +150,10 @@ class QueryRunner:
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
         try:
-            self.backend = resolve_backend(settings.backend, USABLE_BACKENDS)
+            self.backend = resolve_backend(settings.backend)
         except BackendUnavailable as exc:
-            raise BackendUnavailable(exc.backend, f"{exc} In the sql env the setting is env.sandbox (auto, bwrap, "
-                                                  "docker or subprocess).") from None
+            raise BackendUnavailable(exc.backend, f"{exc} In the sql env the setting is env.sandbox (auto, "
+                                                  f"{', '.join(backend_names())}).") from None
         self._limits = settings.limits()
         self._setup = WorkerSetup("SQL", self._limits, prepare=lambda worker: {"engine": settings.engine,
                                                                                "memory_mb": settings.memory_mb},
@@ -185,7 +184,7 @@ class QueryRunner:
             if not _inside(real, self._roots):
                 self._roots = tuple(sorted({*(root for root in self._roots if not _inside(root, (real,))), real}))
                 old, self._pool = self._pool, WorkerPool(worker_program(self.settings.engine, self._roots),
-                                                         self._limits, self.backend, SPARE_WORKERS, USABLE_BACKENDS)
+                                                         self._limits, self.backend, SPARE_WORKERS)
                 self._generation += 1
                 if old is not None:
                     old.close()

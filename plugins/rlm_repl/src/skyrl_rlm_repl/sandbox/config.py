@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from skyrl_sandbox import Limits, WorkerProgram
+from skyrl_sandbox.options import WorkerBackend, backend_description
 
 # The REPL worker: this plugin's stdlib-only ``worker`` package, run inside the sandbox.
 REPL_PROGRAM = WorkerProgram(module="skyrl_rlm_worker.main",
@@ -32,14 +32,9 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["auto", "bwrap", "docker", "subprocess"] = Field(
-        "auto", description="'bwrap': bubblewrap namespaces (no network, private /tmp, read-only system files); "
-        "'docker': a locked-down container of a local Docker Engine (needs an image with python3, see `image`); "
-        "'subprocess': a resource-limited child process with a clean environment (weaker, opt-in only: relies on an "
-        "in-process policy for files and network, which determined code can defeat); 'auto': bwrap, else docker, "
-        "and an error saying what is missing where neither runs (never a silent fallback). "
-        "SKYRL_SANDBOX=bwrap|docker|subprocess requires one backend for the whole run.")
-    image: str | None = Field(None, description="Docker image of the docker backend (default: skyrl-sandbox's "
+    backend: WorkerBackend = Field("auto", description=backend_description(
+        "Here it holds the REPL worker; a backend that runs images needs one with python3 (see `image`)."))
+    image: str | None = Field(None, description="Image of a backend that runs images (default: skyrl-sandbox's "
                                                 "base image, built locally on first use).")
     exec_timeout_s: float = Field(
         10.0, gt=0, description="Wall-clock limit of the code's own running time, enforced from outside: the worker "
@@ -70,8 +65,9 @@ class SandboxConfig(BaseModel):
                                                 "(0: start each on demand).")
     allow_subprocesses: bool = Field(
         False, description="Let model code start processes (fork/exec/subprocess/os.system). Off: such calls raise "
-        "PermissionError (audit policy and seccomp). On needs the bwrap backend and a non-root parent, because "
-        "max_processes (RLIMIT_NPROC) is then what stops a fork bomb and the kernel exempts root from it.")
+        "PermissionError (audit policy and seccomp). On needs a backend that holds child processes (bwrap) and a "
+        "non-root parent or a writable cgroup, because max_processes is then what stops a fork bomb and the kernel "
+        "exempts root from RLIMIT_NPROC.")
     max_answer_chars: int = Field(
         20_000, ge=1, description="Longest final answer FINAL/FINAL_VAR may submit; a longer one is refused (the "
         "code gets an error saying so) and nothing is submitted.")

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from skyrl_sandbox import ProtocolViolation, SandboxError, WorkerGone, WorkerPool
+from skyrl_sandbox import ProtocolViolation, SandboxError, WorkerGone, WorkerPool, get_backend, registered
 from skyrl_sandbox import framing as protocol
 from skyrl_sandbox.cgroups import cgroup_support
 from skyrl_sandbox.startup import WorkerSetup, start_worker
@@ -299,9 +299,11 @@ def shared_pool(config: SandboxConfig) -> WorkerPool:
 def _check_subprocesses_allowed(config: SandboxConfig, pool: WorkerPool) -> None:
     if not config.allow_subprocesses:
         return
-    if pool.backend != "bwrap":
-        raise SandboxError("allow_subprocesses needs the bwrap backend: a child process would escape the "
-                           f"{pool.backend!r} backend's in-process policy")
+    if not get_backend(pool.backend).holds_children:
+        holders = ", ".join(name for name, backend in registered().items() if backend.holds_children)
+        raise SandboxError(f"allow_subprocesses needs a backend that holds child processes (installed here: "
+                           f"{holders or 'none'}): a child process would escape the {pool.backend!r} backend's "
+                           "in-process policy")
     if os.geteuid() == 0 and cgroup_support() is None:
         raise SandboxError("allow_subprocesses is refused when running as root without a writable cgroup: the "
                            "kernel exempts root's processes from RLIMIT_NPROC, so max_processes could not stop "

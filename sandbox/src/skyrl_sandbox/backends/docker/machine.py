@@ -1,4 +1,5 @@
-"""The docker :class:`~skyrl_sandbox.machine.Machine`: one container of a task image, driven by ``docker exec``.
+"""The container :class:`~skyrl_sandbox.machine.Machine` of every Docker-API backend: one container of a task image,
+driven by the engine's exec.
 
 Commands are execs of the engine (a shell's is an exec with a tty). Processes are killed from the
 host through the container's cgroup: the group is frozen, every member but ``docker-init`` (PID 1)
@@ -22,16 +23,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import cgroups
-from .box import RunResult
-from .demux import STREAM_HEADER
-from .docker_client import shared_client
-from .docker_engine import owner_labels, remove_container, sweep_once
-from .docker_sidecars import Sidecars
-from .errors import BackendUnavailable, ProcessesSurvived, SandboxError
-from .machine import AGENT_UID, Machine, MachineSpec, base_env
-from .sidecars import host_entries
-from .terminal import SHELL_ARGV, TerminalSession
+from ... import cgroups
+from ...container_engine import ContainerEngine
+from ...demux import STREAM_HEADER
+from ...errors import BackendUnavailable, ProcessesSurvived, SandboxError
+from ...machine import AGENT_UID, Machine, MachineSpec, base_env
+from ...run_result import RunResult
+from ...sidecars import host_entries
+from ...terminal import SHELL_ARGV, TerminalSession
+from .sidecars import Sidecars
+from .worker import owner_labels, remove_container, sweep_once
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,12 @@ set -- ${stat##*) }
 """
 
 
-class DockerMachine(Machine):
-    backend = "docker"
-
-    def __init__(self, api: Any, container_id: str, spec: MachineSpec, warnings: list[str]) -> None:
-        self.api = api
+class ContainerMachine(Machine):
+    def __init__(self, engine: ContainerEngine, backend: str, container_id: str, spec: MachineSpec,
+                 warnings: list[str]) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.api = engine.shared_client().api
         self.container_id = container_id
         self.spec = spec
         self.warnings = warnings
@@ -86,14 +88,15 @@ class DockerMachine(Machine):
         self._shells: list[TerminalSession] = []
         self._closed = False
         self._sweeping = False
-        self.sidecars = Sidecars(api, container_id, spec.sidecars, spec.depends_on, spec.storage_mb)
+        self.sidecars = Sidecars(engine, container_id, spec.sidecars, spec.depends_on, spec.storage_mb)
 
     @classmethod
-    async def start(cls, spec: MachineSpec) -> DockerMachine:
+    async def start(cls, engine: ContainerEngine, spec: MachineSpec, backend: str) -> ContainerMachine:
+        """Start a machine on ``engine``; ``backend`` names it in messages and :attr:`Machine.backend`."""
         if spec.image is None:
-            raise ValueError("a docker machine needs MachineSpec.image")
-        api, container_id, warnings = await asyncio.to_thread(_create, spec)
-        machine = cls(api, container_id, spec, warnings)
+            raise ValueError(f"a {backend} machine needs MachineSpec.image")
+        container_id, warnings = await asyncio.to_thread(_create, engine, backend, spec)
+        machine = cls(engine, backend, container_id, spec, warnings)
         try:
             result = await machine.exec(["sh", "-c", _SETUP, "setup", spec.agent_user, spec.workdir, str(AGENT_UID)], cwd="/",
                                         timeout_s=60)
@@ -230,13 +233,16 @@ class DockerMachine(Machine):
 class _ExecTerminal:
     """A shell's tty: the raw stream of a ``docker exec -it``."""
 
-    def __init__(self, machine: DockerMachine, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, machine: ContainerMachine, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.machine = machine
         self.reader = reader
         self.writer = writer
 
     async def read(self) -> bytes:
-        return await self.reader.read(65536)
+        try:
+            return await self.reader.read(65536)
+        except (BrokenPipeError, ConnectionResetError):  # podman breaks the stream of an exec that died: its end
+            return b""
 
     def write(self, data: bytes) -> None:
         if not self.writer.is_closing():
@@ -262,19 +268,18 @@ def _image_env(spec: MachineSpec, user: str, home: str) -> dict[str, str]:
     return {**environment, **spec.env}
 
 
-def _create(spec: MachineSpec) -> tuple[Any, str, list[str]]:
-    """Create and start the container (blocking); returns the API client, its id and unmet protections."""
+def _create(engine: ContainerEngine, backend: str, spec: MachineSpec) -> tuple[str, list[str]]:
+    """Create and start the container (blocking); returns its id and unmet protections."""
     try:
         import docker
         from docker.types import LogConfig, Ulimit
     except ImportError as exc:
-        raise BackendUnavailable("docker", "the docker SDK is not installed (pip install 'skyrl-sandbox[docker]')") \
-            from exc
+        raise BackendUnavailable(backend, f"the docker SDK is not installed ({engine.sdk_hint})") from exc
     from . import images
 
-    api = shared_client().api
-    sweep_once()
-    if not images.image_exists(spec.image):
+    api = engine.shared_client().api
+    sweep_once(engine)
+    if not images.image_exists(engine, spec.image):
         raise SandboxError(f"Docker image {spec.image!r} is not on this engine, and nothing is pulled: build it first")
     warnings: list[str] = []
     storage_bytes = spec.storage_mb * 2**20
@@ -289,7 +294,8 @@ def _create(spec: MachineSpec) -> tuple[Any, str, list[str]]:
     container_id = None
     for storage_opt in ({"size": f"{spec.storage_mb}m"}, None):
         try:
-            config = api.create_host_config(**settings, **({"storage_opt": storage_opt} if storage_opt else {}))
+            config = api.create_host_config(**engine.adjust_host_config(
+                {**settings, **({"storage_opt": storage_opt} if storage_opt else {})}))
             container_id = api.create_container(
                 spec.image, entrypoint=_KEEPALIVE[:1], command=_KEEPALIVE[1:], user="0:0", working_dir="/",
                 hostname=spec.hostname, labels=owner_labels(),
@@ -307,7 +313,7 @@ def _create(spec: MachineSpec) -> tuple[Any, str, list[str]]:
                 continue
             raise SandboxError(f"could not start a container of {spec.image}: {exc}") from exc
     assert container_id is not None
-    return api, container_id, warnings
+    return container_id, warnings
 
 
 def _exec(api: Any, container_id: str, argv: list[str], user: str, env: Mapping[str, str], cwd: str, stdin: bytes,

@@ -27,16 +27,16 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .backends import bwrap_problem
-from .box import RunResult
-from .cgroups import WorkerCgroup, cgroup_support
-from .dirs import make_host_dir, remove_tree
-from .errors import BackendUnavailable, ProcessesSurvived, SandboxError
-from .launch import bwrap_base_argv
-from .machine import AGENT_UID, Machine, MachineSpec, base_env
-from .process import enter_child
-from .seccomp import build_filter
-from .terminal import SHELL_ARGV, TerminalSession
+from ...cgroups import WorkerCgroup, cgroup_support
+from ...dirs import make_host_dir, remove_tree
+from ...errors import BackendUnavailable, ProcessesSurvived, SandboxError
+from ...machine import AGENT_UID, Machine, MachineSpec, base_env
+from ...process import enter_child
+from ...run_result import RunResult
+from ...seccomp import build_filter
+from ...terminal import SHELL_ARGV, TerminalSession
+from .plan import bwrap_base_argv
+from .probe import bwrap_problem
 
 STANDARD_WRITABLE = ("/tmp", "/logs", "/tests", "/solution")
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "nsswitch.conf", "localtime")

@@ -1,5 +1,5 @@
-"""The Docker backend's container worker: a real Docker Engine through the ``docker`` SDK (optional extra),
-reached with the client of :mod:`.docker_client`.
+"""The container worker of every Docker-API backend: a real engine through the ``docker`` SDK (optional extra),
+reached with the client of its :class:`~skyrl_sandbox.container_engine.ContainerEngine`.
 
 A worker runs as the main process of one container, started from the pool's spawner thread and
 driven through the container's own stdin/stdout: the parent attaches to the container before it
@@ -34,21 +34,15 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from . import framing
-from .channel import BlockingChannel
-from .demux import StreamDemux
-from .dirs import make_host_dir, remove_tree
-from .docker_client import (  # the engine client lives in .docker_client; these names stay importable from here
-    SKYRL_DOCKER_SOCKET,  # noqa: F401
-    client,  # noqa: F401
-    docker_host,
-    engine_problem,  # noqa: F401
-    shared_client,
-)
-from .errors import SandboxError, WorkerGone
-from .launch import INSIDE_INBOX, INSIDE_LIB, LaunchPlan, WorkerProgram, clean_env, python_args, spawn_settings
-from .limits import Limits
-from .process import exiting, tree_threads
+from ... import framing
+from ...channel import BlockingChannel
+from ...container_engine import ContainerEngine
+from ...demux import StreamDemux
+from ...dirs import make_host_dir, remove_tree
+from ...errors import SandboxError, WorkerGone
+from ...launch import INSIDE_INBOX, INSIDE_LIB, LaunchPlan, WorkerProgram, clean_env, python_args, spawn_settings
+from ...limits import Limits
+from ...process import exiting, tree_threads
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +51,11 @@ LABEL = "skyrl.sandbox"
 OWNER_LABEL = "skyrl.sandbox.owner"
 OWNER_START_LABEL = "skyrl.sandbox.owner-start"
 MACHINE_LABEL = "skyrl.sandbox.machine"
+SIDECAR_OF_LABEL = "skyrl.sandbox.sidecar-of"  # on a sidecar: its machine's container id
 INIT_TASKS = 1  # docker-init, the container's PID 1, in the container's pids count
 CPU_LIMIT_NANOS = 10**9  # one CPU
 UID_RANGE = (1_000_000_000, 1_500_000_000)  # per-container uids, far above any host account
-_swept: set[int] = set()
+_swept: set[tuple[int, int]] = set()
 
 
 # --- starting a worker ------------------------------------------------------------------------------
@@ -127,16 +122,18 @@ def _root_stand_in(program: WorkerProgram, host_dir: Path) -> list[Any]:
     return [Mount("/root", str(stand_in), type="bind", read_only=True)]
 
 
-def start_container_worker(program: WorkerProgram, limits: Limits, image: str | None = None) -> ContainerWorker:
-    """Create, attach to and start one worker's container (blocking; the pool calls it from its spawner)."""
+def start_container_worker(engine: ContainerEngine, program: WorkerProgram, limits: Limits, image: str | None,
+                           backend: str) -> ContainerWorker:
+    """Create, attach to and start one worker's container on ``engine`` (blocking; the pool calls it from its
+    spawner); ``backend`` names the backend in the worker's messages."""
     import docker
 
     from . import images
 
-    api = shared_client().api
-    sweep_once()
+    api = engine.shared_client().api
+    sweep_once(engine)
     if image is None:
-        image = images.ensure_base_image()
+        image = images.ensure_base_image(engine)
     _check_readable(program)
     host_dir = make_host_dir()
     os.chmod(host_dir / "inbox", 0o755)  # the container's uid reads it; the folders above stay private
@@ -147,8 +144,9 @@ def start_container_worker(program: WorkerProgram, limits: Limits, image: str | 
         container_id = api.create_container(
             image, plan.argv, user=f"{uid}:{uid}", stdin_open=True, tty=False, environment=plan.env,
             working_dir=plan.cwd, hostname="sandbox", labels=owner_labels(),
-            host_config=api.create_host_config(**container_settings(program, limits, host_dir)))["Id"]
-        channel = _attach(api, container_id)  # before start: not a byte of the worker's output is missed
+            host_config=api.create_host_config(**engine.adjust_host_config(
+                container_settings(program, limits, host_dir))))["Id"]
+        channel = _attach(engine, api, container_id)  # before start: not a byte of the worker's output is missed
         try:
             api.start(container_id)
             state = api.inspect_container(container_id)["State"]
@@ -160,24 +158,24 @@ def start_container_worker(program: WorkerProgram, limits: Limits, image: str | 
             remove_container(api, container_id)
         remove_tree(host_dir)
         if isinstance(exc, docker.errors.ImageNotFound):
-            images.forget(image)
+            images.forget(engine, image)
             raise SandboxError(f"Docker image {image!r} is not on this engine and nothing is pulled: build it "
-                               "(python -m skyrl_sandbox.images, or images.build_image for a task image)") from exc
+                               "(python -m skyrl_sandbox.backends.docker.images, or images.build_image for a task image)") from exc
         if isinstance(exc, (docker.errors.DockerException, OSError)):
             raise SandboxError(f"could not start a sandbox container from {image!r}: {exc}") from exc
         raise
-    return ContainerWorker(api, container_id, plan, host_dir, channel, limits.max_message_bytes, state.get("Pid") or 0,
-                           uid)
+    return ContainerWorker(engine, backend, container_id, plan, host_dir, channel, limits.max_message_bytes,
+                           state.get("Pid") or 0, uid)
 
 
-def _attach(api: Any, container_id: str) -> socket.socket:
+def _attach(engine: ContainerEngine, api: Any, container_id: str) -> socket.socket:
     """A socket of its own on the container's attach stream (the SDK's objects released, not pooled)."""
     sdk_socket = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
     raw = getattr(sdk_socket, "_sock", sdk_socket)
     if not isinstance(raw, socket.socket) or raw.type != socket.SOCK_STREAM:
         sdk_socket.close()
-        raise SandboxError(f"the docker backend needs a plain unix or tcp engine socket, not {type(raw).__name__} "
-                           f"({docker_host()})")
+        raise SandboxError(f"a container backend needs a plain unix or tcp engine socket, not {type(raw).__name__} "
+                           f"({engine.host()})")
     channel = socket.socket(fileno=os.dup(raw.fileno()))
     response = getattr(sdk_socket, "_response", None)
     if response is not None:
@@ -233,18 +231,19 @@ def _owner_alive(labels: dict[str, str]) -> bool:
         return True  # not ours to judge
     started = _start_time(int(owner))
     if started is None:  # no such process (or no /proc to ask: then only whether the pid exists)
-        from .cgroups import alive
+        from ...cgroups import alive
 
         return not Path("/proc/self/stat").exists() and alive(int(owner))
     return labels.get(OWNER_START_LABEL) in (None, "", started)  # a different start time: the pid was reused
 
 
-def sweep_stale_containers(api: Any | None = None) -> list[str]:
-    """Remove the containers of owners (on this machine) that died without cleaning up; returns their ids."""
-    api = api or shared_client().api
+def sweep_stale_containers(engine: ContainerEngine) -> list[str]:
+    """Remove ``engine``'s containers of owners (on this machine) that died without cleaning up; returns their ids."""
+    api = engine.shared_client().api
     found = api.containers(all=True, filters={"label": [f"{LABEL}=1", f"{MACHINE_LABEL}={machine_id()}"]})
     removed = []
-    for container in found:
+    # sidecars before their machines: podman refuses to remove a container whose network namespace others joined
+    for container in sorted(found, key=lambda entry: SIDECAR_OF_LABEL not in (entry.get("Labels") or {})):
         if not _owner_alive(container.get("Labels") or {}):
             remove_container(api, container["Id"])
             removed.append(container["Id"])
@@ -253,14 +252,14 @@ def sweep_stale_containers(api: Any | None = None) -> list[str]:
     return removed
 
 
-def sweep_once() -> None:
-    """Sweep dead owners' containers the first time this process uses the docker backend."""
-    pid = os.getpid()
-    if pid in _swept:
+def sweep_once(engine: ContainerEngine) -> None:
+    """Sweep dead owners' containers the first time this process uses ``engine``."""
+    key = (os.getpid(), id(engine))
+    if key in _swept:
         return
-    _swept.add(pid)
+    _swept.add(key)
     try:
-        sweep_stale_containers()
+        sweep_stale_containers(engine)
     except Exception as exc:  # noqa: BLE001 - a failed sweep must not stop new sandboxes
         log.warning("could not sweep stale sandbox containers: %s", exc)
 
@@ -268,17 +267,23 @@ def sweep_once() -> None:
 def remove_container(api: Any, container_id: str) -> None:
     """Kill and remove a container and its anonymous volumes (a ``VOLUME`` of its image holds what was written there).
 
-    Idempotent: a container already gone or being removed is fine.
+    Idempotent: a container already gone or being removed is fine. Tried again once where podman's kill met the
+    container stopping by itself ("container state improper").
     """
     import docker
 
-    try:
-        api.remove_container(container_id, force=True, v=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if "already in progress" not in str(exc):
-            log.warning("could not remove sandbox container %s: %s", container_id[:12], exc)
+    for attempt in range(2):
+        try:
+            api.remove_container(container_id, force=True, v=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if "already in progress" in str(exc):
+                return
+            if "state improper" not in str(exc) or attempt:
+                log.warning("could not remove sandbox container %s: %s", container_id[:12], exc)
+                return
 
 
 def _remove_all(api: Any, container_id: str, host_dir: Path, channel: socket.socket, owner_pid: int) -> None:
@@ -298,12 +303,13 @@ class ContainerWorker:
     Same interface as :class:`skyrl_sandbox.process.WorkerProcess`.
     """
 
-    backend = "docker"
     cgroup = None  # the container's own groups hold the limits (see task_count and describe_exit)
 
-    def __init__(self, api: Any, container_id: str, plan: LaunchPlan, host_dir: Path, channel: socket.socket,
-                 max_message_bytes: int, init_pid: int, uid: int) -> None:
-        self.api = api
+    def __init__(self, engine: ContainerEngine, backend: str, container_id: str, plan: LaunchPlan, host_dir: Path,
+                 channel: socket.socket, max_message_bytes: int, init_pid: int, uid: int) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.api = engine.shared_client().api
         self.container_id = container_id
         self.plan = plan
         self.host_dir = host_dir
@@ -321,7 +327,7 @@ class ContainerWorker:
         self._oom_killed = False
         self._status: int | None = None
         # Runs on discard(), on garbage collection and at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _remove_all, api, container_id, host_dir, channel, os.getpid())
+        self._finalizer = weakref.finalize(self, _remove_all, self.api, container_id, host_dir, channel, os.getpid())
 
     @property
     def pid(self) -> int:
@@ -448,7 +454,7 @@ class ContainerWorker:
             pass
         try:
             status = int(self.api.wait(self.container_id, timeout=30)["StatusCode"])
-            self._oom_killed = bool(self.api.inspect_container(self.container_id)["State"].get("OOMKilled"))
+            self._oom_killed = self.engine.oom_killed(self.api, self.container_id)
         except Exception:  # noqa: BLE001 - removed under us (e.g. by discard): the worker is gone either way
             status = 137
         remove_container(self.api, self.container_id)

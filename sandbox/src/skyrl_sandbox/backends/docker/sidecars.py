@@ -25,11 +25,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .docker_engine import owner_labels, remove_container
-from .errors import SandboxError
-from .sidecars import SidecarSpec, start_order
+from ...container_engine import ContainerEngine
+from ...errors import SandboxError
+from ...sidecars import SidecarSpec, start_order
+from .worker import SIDECAR_OF_LABEL, owner_labels, remove_container
 
-SIDECAR_OF_LABEL = "skyrl.sandbox.sidecar-of"  # the machine's container id
 SERVICE_LABEL = "skyrl.sandbox.service"  # the sidecar's name
 # Root's file and user administration (as the machine's), and ports below 1024 (nginx on 80): the namespace
 # has loopback only, so a low port reaches nothing more than a high one.
@@ -53,9 +53,10 @@ class SidecarError(SandboxError):
 class Sidecars:
     """The sidecars of one machine container (blocking methods: call them from a thread)."""
 
-    def __init__(self, api: Any, machine_id: str, sidecars: tuple[SidecarSpec, ...], waits: Mapping[str, str],
-                 storage_mb: int) -> None:
-        self.api = api
+    def __init__(self, engine: ContainerEngine, machine_id: str, sidecars: tuple[SidecarSpec, ...],
+                 waits: Mapping[str, str], storage_mb: int) -> None:
+        self.engine = engine
+        self.api = engine.shared_client().api
         self.machine_id = machine_id
         self.order = start_order(sidecars, waits)
         self.waits = dict(waits)
@@ -101,13 +102,13 @@ class Sidecars:
         from docker.types import LogConfig, Ulimit
 
         storage = self.storage_mb * 2**20
-        config = self.api.create_host_config(
+        config = self.api.create_host_config(**self.engine.adjust_host_config(dict(
             network_mode=f"container:{self.machine_id}", cap_drop=["ALL"], cap_add=SIDECAR_CAPABILITIES,
             security_opt=["no-new-privileges"], pids_limit=sidecar.max_processes,
             mem_limit=sidecar.memory_mb * 2**20, memswap_limit=sidecar.memory_mb * 2**20,
             nano_cpus=int(sidecar.cpus * 1e9), init=True, log_config=LogConfig(type="local", config=LOG_OPTIONS),
             ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="fsize", soft=storage, hard=storage)],
-            oom_score_adj=500, ipc_mode="private", shm_size=64 * 2**20)
+            oom_score_adj=500, ipc_mode="private", shm_size=64 * 2**20)))
         labels = {**owner_labels(), SIDECAR_OF_LABEL: self.machine_id, SERVICE_LABEL: sidecar.name}
         entrypoint = None if sidecar.entrypoint is None else (list(sidecar.entrypoint) or [""])  # [""]: none at all
         with self._lock:
@@ -118,7 +119,8 @@ class Sidecars:
                 sidecar.image, command=None if sidecar.command is None else list(sidecar.command),
                 entrypoint=entrypoint, environment=dict(sidecar.env), working_dir=sidecar.working_dir,
                 user=sidecar.user or "", labels=labels, host_config=config,
-                healthcheck=None if sidecar.healthcheck is None else sidecar.healthcheck.to_engine())["Id"]
+                healthcheck=None if sidecar.healthcheck is None else
+                self.engine.adjust_healthcheck(sidecar.healthcheck.to_engine()))["Id"]
         except Exception as exc:  # noqa: BLE001 - the SDK's errors vary; the message is what matters
             raise SidecarError(f"sidecar {sidecar.name}: could not create a container of {sidecar.image}: {exc}",
                                sidecar.name) from exc
@@ -166,13 +168,13 @@ class Sidecars:
         deadline = self._started[name] + timeout
         while True:
             state = self.api.inspect_container(self.ids[name])["State"]
-            health = (state.get("Health") or {}).get("Status")
+            health = self.engine.health(self.api, self.ids[name], state)
             running = bool(state.get("Running"))
             code = state.get("ExitCode")
             if not running and condition in ("service_completed_successfully", "ready") and code == 0:
                 return
             if not running and condition != "service_started":
-                died = " (killed at its memory limit)" if state.get("OOMKilled") else ""
+                died = " (killed at its memory limit)" if self.engine.oom_killed(self.api, self.ids[name]) else ""
                 raise self._failure(name, f"exited with status {code}{died}", why)
             if condition == "service_started":
                 return

@@ -12,9 +12,9 @@
 
 Command line (``scripts/setup.sh`` runs the first)::
 
-    python -m skyrl_sandbox.images                 # build the base image unless it exists
-    python -m skyrl_sandbox.images --force         # rebuild it
-    python -m skyrl_sandbox.images --context DIR --tag TAG   # build a task image from DIR/Dockerfile
+    python -m skyrl_sandbox.backends.docker.images                 # build the base image unless it exists
+    python -m skyrl_sandbox.backends.docker.images --force         # rebuild it
+    python -m skyrl_sandbox.backends.docker.images --context DIR --tag TAG   # build a task image from DIR/Dockerfile
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BackendUnavailable, SandboxError
+from ...container_engine import ContainerEngine
+from ...errors import BackendUnavailable, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class BaseImage:
     cmd: tuple[str, ...] = ("/usr/bin/python3",)
 
 
-_known: set[str] = set()  # tags seen on the engine by this process
+_known: set[tuple[str, str]] = set()  # (engine, tag) seen by this process
 _base_images: dict[str, BaseImage] = {BASE_TAG: BaseImage(PACKAGES)}
 
 
@@ -114,59 +115,55 @@ class ImageBuildError(SandboxError):
     """Building an image failed; the message holds the tail of the build's output."""
 
 
-def image_exists(tag: str) -> bool:
-    """Whether the engine has an image with this tag (no pull is ever attempted)."""
+def image_exists(engine: ContainerEngine, tag: str) -> bool:
+    """Whether ``engine`` has an image with this tag (no pull is ever attempted)."""
     import docker
 
-    from .docker_client import shared_client
-
     try:
-        shared_client().api.inspect_image(tag)
+        engine.shared_client().api.inspect_image(tag)
     except docker.errors.ImageNotFound:
         return False
     return True
 
 
-def base_image_problem(tag: str = BASE_TAG) -> str | None:
-    """None when the base image is on the engine; else what is missing and how to build it."""
-    from .docker_client import engine_problem
-
-    problem = engine_problem()
+def base_image_problem(engine: ContainerEngine, tag: str = BASE_TAG) -> str | None:
+    """None when the base image is on ``engine``; else what is missing and how to build it."""
+    problem = engine.problem()
     if problem:
         return problem
-    if image_exists(tag):
+    if image_exists(engine, tag):
         return None
     hint = "" if shutil.which("mmdebstrap") else " (needs mmdebstrap: apt-get install mmdebstrap)"
-    return f"the base image {tag} is not built yet: run `python -m skyrl_sandbox.images`{hint}"
+    return f"the base image {tag} is not built yet: run `python -m skyrl_sandbox.backends.docker.images`{hint}"
 
 
-def base_image_unavailable(tag: str = BASE_TAG) -> str | None:
-    """None when the base image exists or can be built here (engine and mmdebstrap present); else why not."""
-    from .docker_client import engine_problem
-
-    problem = engine_problem()
-    if problem or image_exists(tag) or shutil.which("mmdebstrap"):
+def base_image_unavailable(engine: ContainerEngine, tag: str = BASE_TAG) -> str | None:
+    """None when the base image exists on ``engine`` or can be built here (engine and mmdebstrap present); else
+    why not."""
+    problem = engine.problem()
+    if problem or image_exists(engine, tag) or shutil.which("mmdebstrap"):
         return problem
     return f"the base image {tag} is not built and mmdebstrap, which builds it, is not installed"
 
 
-def ensure_base_image(tag: str = BASE_TAG, progress: Progress | None = None) -> str:
-    """A declared base image's tag, building it first when the engine does not have it (once per engine)."""
-    if tag in _known:
+def ensure_base_image(engine: ContainerEngine, tag: str = BASE_TAG, progress: Progress | None = None) -> str:
+    """A declared base image's tag, building it first when ``engine`` does not have it (once per engine)."""
+    if (engine.name, tag) in _known:
         return tag
     with _build_lock, _machine_lock():
-        if not image_exists(tag):
-            build_base_image(tag, progress=progress)
-        _known.add(tag)
+        if not image_exists(engine, tag):
+            build_base_image(engine, tag, progress=progress)
+        _known.add((engine.name, tag))
     return tag
 
 
-def forget(tag: str) -> None:
-    """Stop assuming ``tag`` exists (after the engine said it does not)."""
-    _known.discard(tag)
+def forget(engine: ContainerEngine, tag: str) -> None:
+    """Stop assuming ``tag`` exists on ``engine`` (after the engine said it does not)."""
+    _known.discard((engine.name, tag))
 
 
-def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Sequence[str] | None = None,
+def build_base_image(engine: ContainerEngine, tag: str = BASE_TAG, *, force: bool = False,
+                     mirrors: Sequence[str] | None = None,
                      progress: Progress | None = None) -> str:
     """Build a declared base image from Debian packages (mmdebstrap minbase + its packages, then ``docker import``).
 
@@ -176,13 +173,13 @@ def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Seque
     the build fails.
     """
     say = progress or _log_progress
-    _require_engine()
-    if not force and image_exists(tag):
+    _require_engine(engine)
+    if not force and image_exists(engine, tag):
         say(f"{tag} exists; nothing to build")
         return tag
     mmdebstrap = shutil.which("mmdebstrap")
     if mmdebstrap is None:
-        raise BackendUnavailable("docker", f"cannot build the Docker base image {tag}: mmdebstrap is not installed "
+        raise BackendUnavailable(engine.name, f"cannot build the base image {tag}: mmdebstrap is not installed "
                                  "(Debian/Ubuntu: apt-get install mmdebstrap; or scripts/setup.sh as root)")
     spec = _base_images.get(tag, _base_images[BASE_TAG])
     packages, suite = spec.packages, spec.suite
@@ -200,22 +197,23 @@ def build_base_image(tag: str = BASE_TAG, *, force: bool = False, mirrors: Seque
             _run_logged(argv, say, "mmdebstrap")
         except ImageBuildError as exc:
             raise ImageBuildError(f"Debian {suite} cannot be built here (for {tag}): {exc}") from exc
-        say(f"importing {rootfs.stat().st_size / 2**20:.0f} MiB into Docker as {tag}")
+        say(f"importing {rootfs.stat().st_size / 2**20:.0f} MiB into the {engine.title} as {tag}")
         repository, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
-        from .docker_client import shared_client
-
-        api = shared_client().api
+        api = engine.shared_client().api
         try:
-            api.import_image_from_file(str(rootfs), repository=repository, tag=version, changes=_import_changes(spec))
+            imported = api.import_image_from_file(str(rootfs), repository=repository, tag=version,
+                                                  changes=_import_changes(spec))
+            engine.after_import(api, imported, tag)
         except Exception as exc:  # noqa: BLE001 - the SDK's errors vary; the message is what matters
-            raise ImageBuildError(f"docker import of the base image {tag} failed: {exc}") from exc
-    _smoke_test(tag, say)
-    _known.add(tag)
+            raise ImageBuildError(f"importing the base image {tag} into the {engine.title} failed: {exc}") from exc
+    _smoke_test(engine, tag, say)
+    _known.add((engine.name, tag))
     say(f"built {tag} in {time.monotonic() - started:.1f} s")
     return tag
 
 
-def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "Dockerfile", base: str = BASE_TAG,
+def build_image(engine: ContainerEngine, context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "Dockerfile",
+                base: str = BASE_TAG,
                 force: bool = False, progress: Progress | None = None, timeout_s: float | None = None,
                 log_file: str | os.PathLike | None = None, dockerfile_text: str | None = None,
                 network: bool = False, notes: Sequence[str] = (), buildargs: Mapping[str, str] | None = None) -> str:
@@ -231,13 +229,13 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
     and then the whole build output. ``buildargs`` are ``--build-arg`` values (part of the hash).
     """
     say = progress or _log_progress
-    _require_engine()
+    _require_engine(engine)
     context = Path(context_dir).resolve()
     recipe = context / dockerfile
     if not recipe.is_file():
         raise ImageBuildError(f"no {dockerfile} in {context}")
     text = recipe.read_text(errors="replace") if dockerfile_text is None else dockerfile_text
-    _check_from_lines(text, recipe, base, say)
+    _check_from_lines(engine, text, recipe, base, say)
     digest = context_digest(context)
     if dockerfile_text is not None:
         digest = hashlib.sha256(f"{digest}\0{dockerfile_text}".encode()).hexdigest()
@@ -245,9 +243,7 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
         digest = hashlib.sha256(f"{digest}\0{json.dumps(sorted(buildargs.items()))}".encode()).hexdigest()
     import docker
 
-    from .docker_client import shared_client
-
-    api = shared_client().api
+    api = engine.shared_client().api
     if not force:
         try:
             labels = api.inspect_image(tag)["Config"].get("Labels") or {}
@@ -255,7 +251,7 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
             labels = {}
         if labels.get(CONTEXT_LABEL) == digest:
             say(f"{tag} is up to date with {context}")
-            _known.add(tag)
+            _known.add((engine.name, tag))
             return tag
     started = time.monotonic()
     say(f"building {tag} from {recipe} ({'RUN steps in the host network' if network else 'offline'})")
@@ -304,7 +300,7 @@ def build_image(context_dir: str | os.PathLike, tag: str, *, dockerfile: str = "
             close()
         if log:
             log.close()
-    _known.add(tag)
+    _known.add((engine.name, tag))
     say(f"built {tag} in {time.monotonic() - started:.1f} s")
     return tag
 
@@ -345,24 +341,22 @@ def _import_changes(spec: BaseImage) -> list[str]:
             + [f"CMD {json.dumps(list(spec.cmd))}"])
 
 
-def _check_from_lines(text: str, recipe: Path, base: str, say: Progress) -> None:
+def _check_from_lines(engine: ContainerEngine, text: str, recipe: Path, base: str, say: Progress) -> None:
     stages: set[str] = set()
     for match in _FROM.finditer(text):
         image, stage = match.group(1), match.group(2)
         if image.lower() not in stages and image.lower() != "scratch" and "$" not in image:
             if image == base or image in _base_images:
-                ensure_base_image(image, progress=say)
-            elif not image_exists(image):
-                raise ImageBuildError(f"{recipe}: FROM {image} is not an image on this Docker Engine, and nothing is "
+                ensure_base_image(engine, image, progress=say)
+            elif not image_exists(engine, image):
+                raise ImageBuildError(f"{recipe}: FROM {image} is not an image on this {engine.title}, and nothing is "
                                       f"pulled (no registry is used); build it first, or start FROM {base}")
         if stage:
             stages.add(stage.lower())
 
 
-def _smoke_test(tag: str, say: Progress) -> None:
-    from .docker_client import shared_client
-
-    api = shared_client().api
+def _smoke_test(engine: ContainerEngine, tag: str, say: Progress) -> None:
+    api = engine.shared_client().api
     container = api.create_container(tag, _SMOKE_TEST, detach=True, network_disabled=True,
                                      host_config=api.create_host_config(network_mode="none"))["Id"]
     try:
@@ -392,12 +386,10 @@ def _run_logged(argv: list[str], say: Progress, name: str) -> None:
         raise ImageBuildError(f"{name} failed (exit {child.returncode}):\n" + "\n".join(tail))
 
 
-def _require_engine() -> None:
-    from .docker_client import engine_problem
-
-    problem = engine_problem()
+def _require_engine(engine: ContainerEngine) -> None:
+    problem = engine.problem()
     if problem:
-        raise BackendUnavailable("docker", f"cannot build Docker images: {problem}")
+        raise BackendUnavailable(engine.name, f"cannot build {engine.title} images: {problem}")
 
 
 class _machine_lock:
@@ -418,8 +410,23 @@ def _log_progress(line: str) -> None:
     log.log(level, "%s", line)
 
 
+def image_engine(backend: str | None = None) -> ContainerEngine:
+    """The engine of ``backend``, or of the first installed backend that runs images; SandboxError if it runs none."""
+    from ...registry import get_backend, registered
+
+    if backend is None:
+        engines = [chosen.engine for chosen in registered().values() if chosen.runs_images and chosen.engine]
+        if not engines:
+            raise SandboxError("no installed sandbox backend runs container images")
+        return engines[0]
+    chosen = get_backend(backend)
+    if chosen.engine is None:
+        raise SandboxError(f"sandbox backend {backend!r} does not run container images")
+    return chosen.engine
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m skyrl_sandbox.images",
+    parser = argparse.ArgumentParser(prog="python -m skyrl_sandbox.backends.docker.images",
                                      description="Build the Docker images of skyrl-sandbox locally (nothing is pulled).")
     parser.add_argument("--tag", help=f"image tag (default for the base image: {BASE_TAG})")
     parser.add_argument("--force", action="store_true", help="rebuild even when the image is up to date")
@@ -427,18 +434,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"default: ${MIRROR_ENV} or deb.debian.org)")
     parser.add_argument("--context", help="build a task image from this folder's Dockerfile instead (needs --tag)")
     parser.add_argument("--dockerfile", default="Dockerfile", help="the Dockerfile's name inside --context")
+    parser.add_argument("--backend", default=None, help="the container backend whose engine gets the image (default: "
+                        "the first installed one, in auto's order)")
     args = parser.parse_args(argv)
 
     def say(line: str) -> None:
         print(line, flush=True)
 
     try:
+        engine = image_engine(args.backend)
         if args.context:
             if not args.tag:
                 parser.error("--context needs --tag")
-            build_image(args.context, args.tag, dockerfile=args.dockerfile, force=args.force, progress=say)
+            build_image(engine, args.context, args.tag, dockerfile=args.dockerfile, force=args.force, progress=say)
         else:
-            build_base_image(args.tag or BASE_TAG, force=args.force, mirrors=args.mirror, progress=say)
+            build_base_image(engine, args.tag or BASE_TAG, force=args.force, mirrors=args.mirror, progress=say)
     except SandboxError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
