@@ -77,7 +77,7 @@ def test_undo_plan_names_what_it_would_stop_and_remove(tmp_path: Path) -> None:
     assert f"would remove {engine} (the engine's data" in out
     assert "would stop" not in out
     assert "skyrl-sandbox-base" not in out  # it goes with the engine's data
-    assert "would remove the image skyrl-terminal-base:bookworm-1 from the Docker Engine at unix:///nowhere.sock" in out
+    assert "would remove the image skyrl-terminal-base:bookworm-1 from the engine at unix:///nowhere.sock" in out
     assert f"would remove {settings}" in out
     assert "apt-get remove bubblewrap" in out
     assert f"rm -rf {venv}" in out
