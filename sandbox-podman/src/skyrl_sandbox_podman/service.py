@@ -110,8 +110,9 @@ def _start(podman: str, folder: Path, sock: Path) -> None:
     log = folder / "service.log"
     with open(log, "ab") as out:
         # setsid --fork: the service is reparented to init, so it is no child (and no zombie) of this process.
+        # cwd: conmon leaves files (an "oom" marker after an OOM kill) in the service's working directory.
         subprocess.run(["setsid", "--fork", podman, "system", "service", "--time=0", f"unix://{sock}"],
-                       env={**os.environ, "CONTAINERS_CONF": str(conf)}, stdin=subprocess.DEVNULL,
+                       cwd=folder, env={**os.environ, "CONTAINERS_CONF": str(conf)}, stdin=subprocess.DEVNULL,
                        stdout=out, stderr=out, check=True)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not socket_accepts(sock):
