@@ -584,6 +584,7 @@ def _auto_image_backends() -> list[str]:
 @cache
 def _image_problem(backend: str) -> str | None:
     """None when ``backend`` (one that runs images) works here and its base image is there or can be built."""
-    return get_backend(backend).problem() or images.base_image_unavailable(images.image_engine(backend))
+    chosen = get_backend(backend)
+    return chosen.problem() or images.base_image_unavailable(chosen.engine)
 
 

@@ -138,7 +138,7 @@ class Provisioner:
 def machine_engine(backend: str) -> ContainerEngine | None:
     """The container engine whose images ``backend``'s machines run; None for a backend that runs the host's tools
     (the task's Dockerfile is then replayed on them, :func:`bwrap_recipe`)."""
-    return images.image_engine(backend) if get_backend(backend).runs_images else None
+    return get_backend(backend).engine
 
 
 def image_backends() -> tuple[str, ...]:
