@@ -177,6 +177,26 @@ async def test_seeded_sampling_repeats_whatever_the_batch(engine):
     assert other.token_ids != alone.token_ids
 
 
+async def test_rows_finishing_one_by_one_keep_their_tokens_and_compact_the_cache_seldom(engine, monkeypatch):
+    """Finished rows stay in the batch until half of it has finished: the others' tokens and logprobs
+    are those of each request decoded alone, and the KV cache is compacted a few times, not per row."""
+    from skyrl_trainers.engines import hf
+
+    prompts = chat_prompts(engine.tokenizer, 8)
+    params = [SamplingParams(max_tokens=2 + 3 * i, temperature=1.0, seed=50 + i) for i in range(8)]
+    alone = [await engine.generate(p, s) for p, s in zip(prompts, params, strict=True)]
+    compactions = []
+    select = hf._Batch._select_live
+    monkeypatch.setattr(hf._Batch, "_select_live",
+                        lambda batch, device: compactions.append(len(batch.rows)) or select(batch, device))
+    batched = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
+    assert len({len(o.token_ids) for o in batched}) >= 6  # they leave at different steps
+    for one, other in zip(alone, batched, strict=True):
+        assert other.token_ids == one.token_ids
+        assert other.logprobs == pytest.approx(one.logprobs, abs=1e-4)
+    assert 1 <= len(compactions) <= 4  # 8 rows halve 8 -> 4 -> 2 -> 1 -> 0, instead of one copy per row
+
+
 async def test_max_tokens_caps_the_output(engine):
     out = await engine.generate(chat_prompts(engine.tokenizer, 1)[0], SamplingParams(max_tokens=3, temperature=0))
     assert len(out.token_ids) == len(out.logprobs) == 3 and out.stop_reason == "length"
@@ -452,3 +472,34 @@ async def test_sampled_rows_leaving_the_batch_at_different_steps_match_their_sol
     for a, b in zip(alone, together, strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+async def test_a_next_turn_runs_only_its_new_tokens_and_matches_a_full_prefill(engine, tiny):
+    """Turn 2's prompt is turn 1's prompt, its tokens and an observation: the engine continues turn 1's
+    keys and values (one prefix hit each) and samples what a full prefill of that prompt would give."""
+    prompts = chat_prompts(engine.tokenizer, 4)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=7)
+    first = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    observation = engine.tokenizer.encode(" ok, and now?", add_special_tokens=False)
+    second_prompts = [p + o.token_ids + observation for p, o in zip(prompts, first, strict=True)]
+    second = await asyncio.gather(*(engine.generate(p, params) for p in second_prompts))
+    assert engine.prefixes.hits == 4
+    model, tokenizer = tiny
+    for prompt, out in zip(second_prompts, second, strict=True):
+        assert out.logprobs == pytest.approx(teacher_forced_logprobs(model, prompt, out.token_ids), abs=1e-4)
+    plain = HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(packed_dtype="float32", seed=0))
+    try:
+        again = await asyncio.gather(*(plain.generate(p, params) for p in second_prompts))
+    finally:
+        plain.close()
+    assert plain.prefixes.hits == 0
+    assert [o.token_ids for o in again] == [o.token_ids for o in second]
+
+
+async def test_cached_prefixes_go_with_a_weight_update(engine):
+    prompt = chat_prompts(engine.tokenizer, 1)[0]
+    first = await engine.generate(prompt, GREEDY)
+    assert engine.prefixes.entries
+    await engine.update_weights(engine.model.state_dict())
+    await engine.generate(prompt + first.token_ids + [first.token_ids[0]], GREEDY)
+    assert engine.prefixes.hits == 0
