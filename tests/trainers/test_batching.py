@@ -111,6 +111,34 @@ def test_packed_rows_give_the_log_probs_and_gradient_of_one_row_per_sample():
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5 * float(theirs.abs().max()))
 
 
+def test_shared_prompt_blocks_give_the_log_probs_and_gradients_of_the_4d_mask():
+    """sdpa attends packed rows block by block (prompt + first sample, then each further sample against the
+    prompt and itself): the numbers of the full masked attention, without its work."""
+    torch.manual_seed(0)
+    model, _ = build_tiny_random()
+    model.train()
+    samples = []
+    for prompt_len, responses in ((9, (5, 2, 7, 1)), (4, (6,)), (3, (3, 8))):
+        prompt = torch.randint(10, 500, (prompt_len,)).tolist()
+        samples += [TrainSample(prompt + torch.randint(10, 500, (n,)).tolist(), prompt_len, [1] * n, [-1.0] * n, 1.0)
+                    for n in responses]
+    results = []
+    for blocks in (True, False):
+        model.zero_grad(set_to_none=True)
+        batch = collate(samples)
+        if blocks:  # the mask is not read: a mask that hides nothing gives the same numbers
+            batch.attention_mask = torch.ones_like(batch.attention_mask)
+        else:
+            batch.shared_prompt = None
+        logp, entropy = token_logprobs(model, batch, entropy_grad=True)
+        weights = torch.linspace(-1, 1, logp.numel()).view_as(logp) * batch.mask
+        ((logp + entropy) * weights).sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        results.append([(logp * batch.mask).detach(), (entropy * batch.mask).detach(), *grads])
+    for mine, theirs in zip(*results, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5 * max(1.0, float(theirs.abs().max())))
+
+
 def test_collate_of_nothing_is_a_dummy_row_with_nothing_to_train():
     batch = collate([], pad_id=7)
     assert batch.mask.sum() == 0 and batch.input_ids.shape == (1, 2)

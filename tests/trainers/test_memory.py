@@ -123,3 +123,33 @@ def test_the_hf_engine_keeps_no_kv_cache_after_a_rollout():
         engine.close()
         loop.close()
     assert len(outputs) == 6 and caches == []
+
+
+
+def test_chunked_logprobs_of_bf16_inputs_stay_close_to_float32():
+    """bf16 logits and a weight gradient summed from bf16 chunk products (float32 buffer) stay near float32's."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(40, 32, generator=generator)
+    weight = (torch.randn(300, 32, generator=generator) * 0.2).requires_grad_()
+    targets = torch.randint(0, 300, (40,), generator=generator)
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        h = hidden.to(dtype).requires_grad_()
+        logp, entropy = forward.ChunkedLogProbs.apply(h, weight, targets, 0.7, True, 16)
+        grad_weight, grad_hidden = torch.autograd.grad((logp + 0.1 * entropy).sum(), (weight, h))
+        results.append((logp, grad_weight, grad_hidden.float()))
+    assert results[1][1].dtype == torch.float32
+    for low, plain in zip(results[1], results[0], strict=True):
+        assert float((low - plain).norm() / plain.norm()) < 2e-2
+
+
+def test_chunked_logprobs_under_autocast_take_the_heads_autocast_dtype(monkeypatch):
+    """Under bf16 autocast the chunked head computes bf16 logits, as the plain head would."""
+    model, _ = build_tiny_random()
+    results = []
+    for chunked in (False, True):
+        with monkeypatch.context() as patch, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            if not chunked:
+                patch.setattr(forward, "CHUNKABLE_MODEL_TYPES", frozenset())
+            results.append(token_logprobs(model, batch())[0])
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-5)

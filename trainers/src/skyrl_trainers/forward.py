@@ -4,7 +4,9 @@ Samples that share a prompt (the samples of a GRPO group) are packed into one ro
 then each sample's response, with an attention mask under which every response sees the prompt and
 its own earlier tokens only, and position ids that restart after the prompt for each response. The
 forward pass then runs the prompt once per group instead of once per sample (identical results; a
-GRPO step of 8 prompts x 4 samples with 38-token prompts runs about a third fewer tokens).
+GRPO step of 8 prompts x 4 samples with 38-token prompts runs about a third fewer tokens). Under sdpa
+the packed rows' attention runs as small blocks (:class:`SharedPromptAttention`) rather than under the
+full ``[L, L]`` mask, whose kernel would compute every masked-out score.
 """
 
 from __future__ import annotations
@@ -19,6 +21,30 @@ from skyrl_trainers.batching import TrainSample, shared_prompt_rows
 
 # Attention implementations that take an arbitrary 4D mask (others get one sample per row).
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
+
+
+@dataclass
+class SharedPromptAttention:
+    """The packed rows' attention as small independent blocks: each row's prompt and first sample (its first
+    ``first`` positions, plainly causal), then each further sample's queries against the prompt's keys and
+    its own (``B`` blocks gathered from the rows).
+
+    Indices are flat into the ``r * L`` positions; ``mask`` (True: may attend) is causal by position and
+    hides the blocks' padding; ``output`` gives each position its slot in the ``[r * first]`` outputs of the
+    first blocks followed by the ``[B * Q]`` of the others (row padding reads an arbitrary slot: nothing
+    depends on it). For ``n`` responses of ``R`` tokens after a ``P``-token prompt the attention costs about
+    ``(P + R) ** 2 / 2 + (n - 1) * R * (P + R)`` instead of ``(P + n * R) ** 2`` under the 4D mask.
+    """
+
+    first: int
+    queries: torch.Tensor  # [B, Q]
+    keys: torch.Tensor     # [B, K]
+    mask: torch.Tensor     # [B, 1, Q, K]
+    output: torch.Tensor   # [r * L]
+
+    def to(self, device: torch.device | str) -> SharedPromptAttention:
+        return SharedPromptAttention(self.first, *(t.to(device) for t in (self.queries, self.keys, self.mask,
+                                                                            self.output)))
 
 
 @dataclass
@@ -39,11 +65,13 @@ class MicroBatch:
     mask: torch.Tensor            # [n, W], 1 where a generated token is trained on
     rollout_logprobs: torch.Tensor
     advantages: torch.Tensor      # [n, W], the sequence's advantage on every position
+    shared_prompt: SharedPromptAttention | None = None  # with the 4D mask: the same attention, less work
 
     def to(self, device: torch.device | str) -> MicroBatch:
         return MicroBatch(*(t.to(device) for t in (self.input_ids, self.position_ids, self.attention_mask,
                                                     self.predictors, self.targets, self.mask,
-                                                    self.rollout_logprobs, self.advantages)))
+                                                    self.rollout_logprobs, self.advantages)),
+                          None if self.shared_prompt is None else self.shared_prompt.to(device))
 
     @property
     def num_positions(self) -> int:
@@ -81,7 +109,8 @@ def collate(samples: Sequence[TrainSample], pad_id: int = 0, *, pack: bool = Tru
             advantages[i] = s.advantage
     shared = any(len(row) > 1 for row in rows)
     attention = _packed_mask(segments) if shared else (segments >= 0).long()
-    return MicroBatch(ids, positions, attention, predictors, targets, mask, rollout, advantages)
+    return MicroBatch(ids, positions, attention, predictors, targets, mask, rollout, advantages,
+                      _shared_prompt_attention(segments) if shared else None)
 
 
 def _row_layout(samples: Sequence[TrainSample]) -> tuple[list[int], list[int], list[int], list[tuple[list[int], list[int]]]]:
@@ -111,6 +140,70 @@ def _packed_mask(segments: torch.Tensor) -> torch.Tensor:
     allowed = causal & (key >= 0) & ((key == 0) | (key == query))
     allowed |= torch.eye(length, dtype=torch.bool)
     return allowed[:, None]
+
+
+def _shared_prompt_attention(segments: torch.Tensor) -> SharedPromptAttention:
+    """The blocks of :class:`SharedPromptAttention` for rows with ``segments`` (as in :func:`_packed_mask`)."""
+    rows, length = segments.shape
+    first = int(((segments == 0) | (segments == 1)).sum(-1).max())
+    output = torch.arange(rows * length).view(rows, length)
+    output = torch.where(output % length < first, output // length * first + output % length, 0).flatten()
+    queries, keys = [], []
+    for row in range(rows):
+        segment = segments[row]
+        prompt = (segment == 0).nonzero().flatten() + row * length
+        for j in range(1, int(segment.max())):
+            own = (segment == j + 1).nonzero().flatten() + row * length
+            keys.append(torch.cat([prompt, own]))
+            queries.append(own)
+    # padding: a query slot sees every real key of its block (no empty softmax), a key slot is seen by none
+    query_at = torch.nn.utils.rnn.pad_sequence(queries, batch_first=True, padding_value=rows * length)
+    key_at = torch.nn.utils.rnn.pad_sequence(keys, batch_first=True, padding_value=rows * length + 1)
+    real = query_at < rows * length
+    output[query_at[real]] = rows * first + real.flatten().nonzero().flatten()
+    return SharedPromptAttention(first, query_at.where(real, 0), key_at.where(key_at < rows * length, 0),
+                                 (key_at[:, None, :] <= query_at[:, :, None])[:, None], output)
+
+
+def _shared_prompt_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, *args: Any,
+                        shared_prompt: SharedPromptAttention | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` attention, or with ``shared_prompt`` the same attention over its blocks only.
+
+    ``query`` is ``[r, heads, L, d]`` (``key`` and ``value`` may have fewer heads); returns ``[r, L, heads, d]``.
+    """
+    if shared_prompt is None:
+        return _SDPA[0](module, query, key, value, attention_mask, *args, **kwargs)
+    rows, heads, length, dim = query.shape
+    options = {"dropout_p": kwargs.get("dropout", 0.0), "scale": kwargs.get("scaling"),
+               "enable_gqa": key.shape[1] != heads}
+    first = shared_prompt.first
+    # right padding after a row's first sample is harmless here: causal queries never see later keys
+    first_out = torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, :first], key[:, :, :first], value[:, :, :first], is_causal=True, **options)
+
+    def blocks(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [r, h, L, d] -> [B, h, n, d]
+        return states.transpose(1, 2).reshape(rows * length, states.shape[1], dim)[index].transpose(1, 2)
+
+    rest_out = torch.nn.functional.scaled_dot_product_attention(
+        blocks(query, shared_prompt.queries), blocks(key, shared_prompt.keys), blocks(value, shared_prompt.keys),
+        attn_mask=shared_prompt.mask, **options)
+    out = torch.cat([part.transpose(1, 2).reshape(-1, heads, dim) for part in (first_out, rest_out)])
+    return out[shared_prompt.output].view(rows, length, heads, dim), None
+
+
+_SDPA: list[Any] = []  # transformers' own sdpa attention, once wrapped by _shared_prompt_sdpa
+
+
+def _install_shared_prompt_sdpa() -> None:
+    """Route transformers' ``sdpa`` attention through :func:`_shared_prompt_sdpa` (unchanged without its argument)."""
+    if _SDPA:
+        return
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    _SDPA.append(ALL_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionInterface.register("sdpa", _shared_prompt_sdpa)
 
 
 # Model types whose causal-LM forward is exactly ``logits = lm_head(hidden[:, slice])`` (no logit
@@ -145,6 +238,8 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: fl
 
     def replace_output(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
         h = _predicting(hidden.pop(), batch.predictors)
+        if torch.is_autocast_enabled(h.device.type):  # the head would run in autocast's dtype, not the fp32 residual's
+            h = h.to(torch.get_autocast_dtype(h.device.type))
         logp, entropy = ChunkedLogProbs.apply(h, module.weight, targets.reshape(-1), temperature, differentiable,
                                               CHUNK_ROWS)
         # a fresh tensor, not a view: FSDP2 hooks its backward onto the root's output
@@ -161,8 +256,12 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: fl
 
 
 def _run(model: torch.nn.Module, batch: MicroBatch) -> Any:
+    extra = {}
+    if batch.shared_prompt is not None:  # sdpa models attend by blocks, eager ones by the 4D mask
+        _install_shared_prompt_sdpa()
+        extra["shared_prompt"] = batch.shared_prompt
     return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                 logits_to_keep=0, use_cache=False)
+                 logits_to_keep=0, use_cache=False, **extra)
 
 
 def _predicting(per_position: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor:
@@ -187,7 +286,9 @@ class ChunkedLogProbs(torch.autograd.Function):
 
     Saves only ``hidden`` and ``weight``; backward recomputes each chunk's logits. With ``z`` the
     scaled logits and ``p`` their softmax: d logp / dz = onehot - p and d H / dz = -p (log p + H).
-    Logits are taken in the inputs' dtype (as the head would), then softmaxed in float32.
+    Logits are taken in the inputs' dtype (as the head would), then softmaxed in float32. With low-precision
+    inputs (autocast) the weight is cast once per pass and each chunk's weight gradient is a low-precision
+    matmul summed into a float32 buffer, as autocast treats every other linear layer.
     """
 
     @staticmethod
@@ -198,9 +299,10 @@ class ChunkedLogProbs(torch.autograd.Function):
         logp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
         entropy = torch.empty_like(logp)
         with torch.autocast(hidden.device.type, enabled=False):
+            head = weight.to(hidden.dtype)  # cast once, not per chunk
             for start in range(0, hidden.shape[0], chunk):
                 rows = slice(start, start + chunk)
-                log_p = _chunk_log_softmax(hidden[rows], weight, temperature)
+                log_p = _chunk_log_softmax(hidden[rows], head, temperature)
                 logp[rows] = log_p.gather(-1, targets[rows, None]).squeeze(-1)
                 entropy[rows] = -(log_p.exp() * log_p).sum(-1)
         if not entropy_grad:
@@ -213,9 +315,10 @@ class ChunkedLogProbs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         with torch.autocast(hidden.device.type, enabled=False):
+            head = weight.to(hidden.dtype)
             for start in range(0, hidden.shape[0], ctx.chunk):
                 rows = slice(start, start + ctx.chunk)
-                log_p = _chunk_log_softmax(hidden[rows], weight, ctx.temperature)
+                log_p = _chunk_log_softmax(hidden[rows], head, ctx.temperature)
                 p = log_p.exp()
                 grad_z = p * -grad_logp[rows, None]
                 grad_z.scatter_add_(-1, targets[rows, None], grad_logp[rows, None])
@@ -224,15 +327,20 @@ class ChunkedLogProbs(torch.autograd.Function):
                     grad_z -= grad_entropy[rows, None] * p * (log_p + h)
                 grad_z = (grad_z / ctx.temperature).to(hidden.dtype)
                 if grad_hidden is not None:
-                    grad_hidden[rows] = grad_z @ weight.to(hidden.dtype)
-                if grad_weight is not None:
-                    grad_weight.addmm_(grad_z.T.float(), hidden[rows].float())
+                    grad_hidden[rows] = grad_z @ head
+                if grad_weight is None:
+                    continue
+                if hidden.dtype == torch.float32:
+                    grad_weight.addmm_(grad_z.T, hidden[rows])
+                else:  # a low-precision matmul (float32 accumulation inside), as autocast does for other layers
+                    grad_weight += grad_z.T @ hidden[rows]
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
                 None, None, None, None)
 
 
-def _chunk_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    logits = (hidden @ weight.to(hidden.dtype).T).float()
+def _chunk_log_softmax(hidden: torch.Tensor, head: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Float32 log-softmax of ``hidden @ head.T / temperature`` (``head`` already in ``hidden``'s dtype)."""
+    logits = (hidden @ head.T).float()
     if temperature != 1.0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1)
