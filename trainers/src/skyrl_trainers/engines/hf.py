@@ -363,13 +363,12 @@ class HFEngine:
         lengths = torch.tensor([p.length for _, p in continued], device=self.device)
         past_mask = (torch.arange(past, device=self.device) >= past - lengths[:, None]).long()
         positions = lengths[:, None] + new_mask.cumsum(-1) - 1
-        out = self.model(input_ids=input_ids, attention_mask=torch.cat([past_mask, new_mask], dim=1),
-                         position_ids=positions, use_cache=True, logits_to_keep=1,
-                         **{self.cache_kwarg: DynamicCache(ddp_cache_data=layers)})
+        mask = torch.cat([past_mask, new_mask], dim=1)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1, **{self.cache_kwarg: DynamicCache(ddp_cache_data=layers)})
         cache = _cache_of(out)
         _give_room(cache)
-        return _Batch(requests, cache, out.logits[:, -1, :], torch.cat([past_mask, new_mask], dim=1),
-                      positions[:, -1] + 1)
+        return _Batch(requests, cache, out.logits[:, -1, :], mask, positions[:, -1] + 1)
 
     def _recompute(self, batch: _Batch) -> _Batch:
         """The rows re-prefilled (prompt + tokens so far) with the current weights: a new cache and logits."""
