@@ -503,3 +503,16 @@ async def test_cached_prefixes_go_with_a_weight_update(engine):
     await engine.update_weights(engine.model.state_dict())
     await engine.generate(prompt + first.token_ids + [first.token_ids[0]], GREEDY)
     assert engine.prefixes.hits == 0
+
+
+async def test_cached_prefixes_stay_within_their_byte_budget(engine):
+    """Long prompts from many clients cannot pile up keys and values: the oldest entries go first."""
+    prompts = chat_prompts(engine.tokenizer, 6)
+    await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    one_entry = max(prefix.bytes for prefix in engine.prefixes.entries.values())
+    assert len(engine.prefixes.entries) == 6 and engine.prefixes.bytes == sum(
+        prefix.bytes for prefix in engine.prefixes.entries.values())
+    engine.prefixes.clear()
+    engine.prefixes.max_bytes = 2 * one_entry
+    await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    assert 1 <= len(engine.prefixes.entries) <= 2 and engine.prefixes.bytes <= 2 * one_entry

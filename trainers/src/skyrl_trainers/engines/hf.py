@@ -444,6 +444,7 @@ class _Prefix:
 
     length: int
     layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, heads, length, head_dim]
+    bytes: int  # of all those keys and values
 
 
 class PrefixCache:
@@ -454,14 +455,16 @@ class PrefixCache:
     only the observation (in the main job, a turn-2 prompt of about 280 tokens shrinks to about 90).
     A request takes the longest cached prefix of its prompt, which leaves the cache. Entries are
     dropped when the weights change (an update, or the model's tensors changed in place) and when the
-    engine releases its memory; at most ``capacity`` are kept, the oldest going first. Only when
+    engine releases its memory; at most ``capacity`` entries and ``max_bytes`` of keys and values are
+    kept (long prompts from a server's clients cannot pile up), the oldest going first. Only when
     updates never land mid-decode (``in_flight_updates="off"``): otherwise a row's keys and values can
     mix two versions of the weights.
     """
 
-    def __init__(self, model: torch.nn.Module, enabled: bool, capacity: int) -> None:
-        self.model, self.enabled, self.capacity = model, enabled, capacity
+    def __init__(self, model: torch.nn.Module, enabled: bool, capacity: int, max_bytes: int = 512 * 2**20) -> None:
+        self.model, self.enabled, self.capacity, self.max_bytes = model, enabled, capacity, max_bytes
         self.entries: OrderedDict[tuple[int, ...], _Prefix] = OrderedDict()
+        self.bytes = 0
         self._stamp: list[tuple[int, int]] = []
         self.hits = 0  # prompts that continued a cached prefix (for tests and benchmarks)
 
@@ -472,12 +475,19 @@ class PrefixCache:
         positions = batch.attention_mask[row].nonzero().squeeze(1)
         if len(positions) != length:
             return
+        layers = [(layer.keys[row:row + 1, :, positions], layer.values[row:row + 1, :, positions])
+                  for layer in batch.cache.layers]
+        size = sum(t.numel() * t.element_size() for pair in layers for t in pair)
+        if size > self.max_bytes:
+            return
         self._check_stamp()
-        self.entries[tuple(request.prompt_ids + request.token_ids[:-1])] = _Prefix(
-            length, [(layer.keys[row:row + 1, :, positions], layer.values[row:row + 1, :, positions])
-                     for layer in batch.cache.layers])
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
+        key = tuple(request.prompt_ids + request.token_ids[:-1])
+        if key in self.entries:
+            self._drop(key)
+        self.entries[key] = _Prefix(length, layers, size)
+        self.bytes += size
+        while len(self.entries) > self.capacity or self.bytes > self.max_bytes:
+            self._drop(next(iter(self.entries)))
 
     def take(self, prompt: list[int]) -> _Prefix | None:
         """The longest cached prefix of ``prompt`` that leaves at least one token to run, removed from the cache."""
@@ -489,15 +499,21 @@ class PrefixCache:
         if best is None:
             return None
         self.hits += 1
-        return self.entries.pop(best)
+        return self._drop(best)
 
     def clear(self) -> None:
         self.entries.clear()
+        self.bytes = 0
+
+    def _drop(self, key: tuple[int, ...]) -> _Prefix:
+        prefix = self.entries.pop(key)
+        self.bytes -= prefix.bytes
+        return prefix
 
     def _check_stamp(self) -> None:
         stamp = [(p.data_ptr(), p._version) for p in self.model.parameters()]
         if stamp != self._stamp:
-            self.entries.clear()
+            self.clear()
             self._stamp = stamp
 
 
