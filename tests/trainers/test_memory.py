@@ -49,6 +49,33 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_full_logits(entropy_gr
                                    msg=name)
 
 
+@pytest.mark.parametrize("chunked", [True, False])
+def test_trained_only_scores_the_trained_positions_alone_with_the_same_values_and_gradients(chunked, monkeypatch):
+    model, _ = build_tiny_random()
+    model.train()
+    if not chunked:
+        monkeypatch.setattr(forward, "CHUNKABLE_MODEL_TYPES", frozenset())
+    micro = batch()
+    micro.mask[:, 1::3] = 0  # observation tokens inside the responses, besides the padding
+    scored = []
+    monkeypatch.setattr(forward, "_predicting", lambda h, p, inner=forward._predicting: scored.append(len(p)) or inner(h, p))
+
+    def run(trained_only):
+        model.zero_grad(set_to_none=True)
+        logp, entropy = token_logprobs(model, micro, temperature=0.7, entropy_grad=True, trained_only=trained_only)
+        ((logp + 0.1 * entropy) * micro.mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        return logp.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
+
+    every, only = run(False), run(True)
+    trained = micro.mask.bool()
+    assert scored == [micro.targets.numel(), int(trained.sum())]  # the head ran on the trained positions only
+    for full, part in zip(every[:2], only[:2], strict=True):
+        torch.testing.assert_close(part[trained], full[trained], rtol=0, atol=1e-6)
+        assert not part[~trained].any()  # zero where nothing is trained
+    for full, part in zip(every[2], only[2], strict=True):
+        torch.testing.assert_close(part, full, rtol=1e-5, atol=1e-6)
+
+
 def test_chunked_logprobs_never_hold_a_vocabulary_row_per_token(monkeypatch):
     """The head sees no rows: logits exist only inside the chunked function."""
     model, _ = build_tiny_random()
@@ -153,3 +180,4 @@ def test_chunked_logprobs_under_autocast_take_the_heads_autocast_dtype(monkeypat
                 patch.setattr(forward, "CHUNKABLE_MODEL_TYPES", frozenset())
             results.append(token_logprobs(model, batch())[0])
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-5)
+

@@ -213,9 +213,13 @@ CHUNK_ROWS = 256  # tokens per chunk: 256 x 49152 fp32 logits is 48 MiB
 
 
 def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: float = 1.0,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   entropy_grad: bool = False, trained_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``[n, W]`` log-probs of ``batch.targets`` under ``model`` (logits / temperature) and the entropy of
     each predictive distribution (differentiable only with ``entropy_grad``).
+
+    With ``trained_only`` both are computed only where ``batch.mask`` is set and are zero elsewhere: the
+    head costs the same for every position it scores, and most response positions of a multi-turn
+    episode are observations, which nothing trains on (in the main job, about three in four).
 
     For a plain bias-free ``nn.Linear`` head of a known model type (see ``CHUNKABLE_MODEL_TYPES``) the
     vocabulary-sized logits are never held for the whole micro-batch: hooks on the head take its input
@@ -226,24 +230,27 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: fl
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = getattr(model, "config", None)
+    predictors, targets = batch.predictors.reshape(-1), batch.targets.reshape(-1)
+    scored = batch.mask.reshape(-1).nonzero().squeeze(1) if trained_only else None
+    if scored is not None:
+        predictors, targets = predictors[scored], targets[scored]
     if (type(head) is not torch.nn.Linear or head.bias is not None
             or getattr(config, "model_type", None) not in CHUNKABLE_MODEL_TYPES):
-        return _full_logits_logprobs(model, batch, temperature, entropy_grad)
+        logp, entropy = _full_logits_logprobs(model, batch, predictors, targets, temperature, entropy_grad)
+        return _spread(logp, scored, batch.targets.shape), _spread(entropy, scored, batch.targets.shape)
     differentiable = entropy_grad and torch.is_grad_enabled()
-    targets = batch.targets
 
     def take_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden.append(args[0])
         return (args[0][:, :0],)  # the head itself computes no logits
 
     def replace_output(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        h = _predicting(hidden.pop(), batch.predictors)
+        h = _predicting(hidden.pop(), predictors)
         if torch.is_autocast_enabled(h.device.type):  # the head would run in autocast's dtype, not the fp32 residual's
             h = h.to(torch.get_autocast_dtype(h.device.type))
-        logp, entropy = ChunkedLogProbs.apply(h, module.weight, targets.reshape(-1), temperature, differentiable,
-                                              CHUNK_ROWS)
+        logp, entropy = ChunkedLogProbs.apply(h, module.weight, targets, temperature, differentiable, CHUNK_ROWS)
         # a fresh tensor, not a view: FSDP2 hooks its backward onto the root's output
-        return torch.stack([logp.view(targets.shape), entropy.view(targets.shape)], dim=-1)
+        return torch.stack([logp, entropy], dim=-1)
 
     hidden: list[torch.Tensor] = []
     hooks = [head.register_forward_pre_hook(take_input), head.register_forward_hook(replace_output)]
@@ -252,7 +259,15 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: fl
     finally:
         for hook in hooks:
             hook.remove()
-    return out[..., 0], out[..., 1] if differentiable else out[..., 1].detach()
+    entropy = out[..., 1] if differentiable else out[..., 1].detach()
+    return _spread(out[..., 0], scored, batch.targets.shape), _spread(entropy, scored, batch.targets.shape)
+
+
+def _spread(values: torch.Tensor, scored: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
+    """``[n, W]`` from the values at the flat positions ``scored`` (zero elsewhere), or of every position."""
+    if scored is None:
+        return values.view(shape)
+    return values.new_zeros(shape.numel()).index_copy(0, scored, values).view(shape)
 
 
 def _run(model: torch.nn.Module, batch: MicroBatch) -> Any:
@@ -265,19 +280,20 @@ def _run(model: torch.nn.Module, batch: MicroBatch) -> Any:
 
 
 def _predicting(per_position: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor:
-    """The rows of ``[r, L, ...]`` at the flat ``predictors``: ``[n * W, ...]``."""
-    return per_position.reshape(-1, *per_position.shape[2:]).index_select(0, predictors.reshape(-1))
+    """The rows of ``[r, L, ...]`` at the flat ``predictors`` (``[k]``): ``[k, ...]``."""
+    return per_position.reshape(-1, *per_position.shape[2:]).index_select(0, predictors)
 
 
-def _full_logits_logprobs(model: torch.nn.Module, batch: MicroBatch, temperature: float,
-                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = _predicting(_run(model, batch).logits, batch.predictors).float()
+def _full_logits_logprobs(model: torch.nn.Module, batch: MicroBatch, predictors: torch.Tensor, targets: torch.Tensor,
+                          temperature: float, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``[k]`` log-probs of ``targets`` and entropies at the flat ``predictors``, from the model's own logits."""
+    logits = _predicting(_run(model, batch).logits, predictors).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(-1, batch.targets.reshape(-1, 1)).view(batch.targets.shape)
+    logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(log_probs.exp() * log_probs).sum(-1).view(batch.targets.shape)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
     return logp, entropy
 
 

@@ -33,7 +33,8 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
     ``none`` the per-token policy loss is multiplied by truncated importance weights from
     ``old_logp`` over the rollout log-probs (:func:`~.algorithms.off_policy.tis_weights`).
     """
-    logp, entropy = token_logprobs(model, batch, temperature=temperature, entropy_grad=cfg.entropy_coef > 0)
+    logp, entropy = token_logprobs(model, batch, temperature=temperature, entropy_grad=cfg.entropy_coef > 0,
+                                   trained_only=True)
     old_logp = logp.detach() if old_logp is None else old_logp
     mask = batch.mask
     options: dict[str, float] = {k: v for k, v in (("eps_low", cfg.clip_eps_low), ("eps_high", cfg.clip_eps_high))
@@ -54,7 +55,7 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
     kl = torch.zeros_like(logp)
     if ref_model is not None:
         with torch.no_grad():
-            ref_logp, _ = token_logprobs(ref_model, batch, temperature=temperature)
+            ref_logp, _ = token_logprobs(ref_model, batch, temperature=temperature, trained_only=True)
         kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
         loss = loss + cfg.kl_coef * reduce_loss(kl, mask, cfg.loss_reduction, **sizes)
     if cfg.entropy_coef > 0:

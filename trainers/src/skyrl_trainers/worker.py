@@ -176,7 +176,7 @@ class TrainWorker:
 
     def _forward(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return token_logprobs(model, batch, temperature=self.spec.temperature)[0]
+            return token_logprobs(model, batch, temperature=self.spec.temperature, trained_only=True)[0]
 
     def _backward(self, batch: MicroBatch, plan: MiniBatchPlan, old_logp: torch.Tensor | None) -> dict[str, float]:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
