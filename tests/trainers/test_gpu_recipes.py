@@ -23,9 +23,9 @@ import yaml
 from skyrl_core.config import ResolvedConfig, build_config, env_run_defaults, load_yaml, merge, parse_overrides
 from skyrl_core.factory import ConfigError
 from skyrl_core.plugins import get_registry
-from skyrl_trainers.engine_setup import check_engine_placement, engine_class, engine_config_for_policy
+from skyrl_trainers.engine_setup import engine_class, engine_config_for_policy
 from skyrl_trainers.engines.vllm import VLLMEngine, VLLMEngineConfig
-from skyrl_trainers.overlap import check_mode
+from skyrl_trainers.trainer import FSDPGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
@@ -64,9 +64,7 @@ def preflight(path: Path, overrides: list[str] | None = None) -> ResolvedConfig:
     registry = get_registry()
     layers = [load_yaml(path), parse_overrides(overrides or [])]
     config = build_config(env_run_defaults(layers, registry), *layers, registry=registry)
-    check_mode(config, engine_class(config))
-    check_engine_placement(config)
-    engine_config_for_policy(config, seed=config.run.seed)
+    FSDPGRPOTrainer.check_config(config)
     return config
 
 
@@ -124,9 +122,15 @@ def test_a_misspelt_key_in_a_recipe_is_refused(recipe, key, typo, hint, tmp_path
                                                               "actor, but trainer.engine_placement=in_process"),
     ("gpu_multi.yaml", ["engine.model=Qwen/Qwen2.5-0.5B-Instruct"], "differs from trainer.model"),
 ])
-def test_a_contradicting_option_fails_before_anything_loads(recipe, overrides, message):
+def test_a_contradicting_option_fails_before_anything_loads(recipe, overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):
         preflight(CONFIGS / recipe, overrides)
+    # --print-config runs the same checks: it prints no config that would not start, and writes nothing
+    result = skyrl("run", "--config", str(CONFIGS / recipe), "--print-config", f"run.output_dir={tmp_path / 'run'}",
+                   *overrides)
+    assert result.returncode == 2 and result.stdout == ""
+    assert message in " ".join(result.stderr.split())
+    assert list(tmp_path.iterdir()) == []
 
 
 def documented_commands() -> list[str]:

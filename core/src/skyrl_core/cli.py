@@ -656,8 +656,9 @@ def run_command(
     config_file: Path | None = typer.Option(None, "--config", help="YAML run config."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder, from its saved "
                                        "config.yaml; flags and overrides apply on top (not another model or env)."),
-    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit "
-                                      "(nothing is built, no run folder is made)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config as YAML and exit, "
+                                      "once the trainer's checks of options against each other pass (nothing is "
+                                      "built, no run folder is made)."),
     overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP),
 ) -> None:
     """Train a policy on an env: resolves env, generator, engine and trainer through the registry.
@@ -671,10 +672,14 @@ def run_command(
 
     try:
         cfg = _run_config(env, trainer, model, config_file, resume, overrides)
+        cls = trainer_class(str(cfg.trainer_id))
+        check = getattr(cls, "check_config", None)
+        if callable(check):  # optional (see skyrl_core.protocols.Trainer)
+            check(cfg)
         if print_config:
             _echo_config(cfg)
             return
-        summary = trainer_class(str(cfg.trainer_id))(cfg).fit()
+        summary = cls(cfg).fit()
     except (ConfigError, RegistryError, DataError, EngineError) as exc:
         raise _fail(str(exc)) from None
     from rich.console import Console

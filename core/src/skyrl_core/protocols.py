@@ -38,7 +38,12 @@ class Generator(Protocol):
 @runtime_checkable
 class Trainer(Protocol):
     """Trains a policy (``register_trainers``; ``skyrl-trainers`` provides ``fsdp_grpo``). ``skyrl run`` builds
-    it as ``cls(resolved_config)`` and calls :meth:`fit`."""
+    it as ``cls(resolved_config)`` and calls :meth:`fit`.
+
+    Optionally the class has ``check_config(resolved_config)`` (a classmethod): it raises
+    :class:`~skyrl_core.factory.ConfigError` for options that contradict each other. ``skyrl run`` calls it
+    before building the trainer, and ``skyrl run --print-config`` too, so a config it prints is one that starts.
+    """
 
     def fit(self) -> Mapping[str, float]:
         """Train, writing the run folder; the run's summary, printed by ``skyrl run``."""

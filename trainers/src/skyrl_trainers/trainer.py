@@ -39,6 +39,7 @@ from skyrl_trainers.engine_setup import (
     can_share_weights,
     check_engine_placement,
     engine_class,
+    engine_config_for_policy,
     engine_metrics,
     sleeps_between_rollouts,
 )
@@ -73,13 +74,20 @@ class FSDPGRPOTrainer:
         self.training_started = False  # set once the step loop begins (fit removes a folder it made before)
         self.clock = RunClock()  # restarted by fit
 
+    @classmethod
+    def check_config(cls, config: ResolvedConfig) -> None:
+        """Refuse options that contradict each other, before anything is loaded or written (``skyrl run``
+        calls this before building the trainer, ``--print-config`` too). Nothing here depends on this
+        machine: a GPU recipe checks out on a laptop."""
+        check_mode(config, engine_class(config))
+        check_engine_placement(config)
+        engine_config_for_policy(config)  # e.g. engine.model set to another model than trainer.model
+
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.steps`` steps (continuing a resumed run) and return a summary."""
         cfg, run = self.cfg, self.config.run
         self.clock = RunClock()
-        engine_cls = engine_class(self.config)
-        check_mode(self.config, engine_cls)  # before anything is written or loaded
-        check_engine_placement(self.config)
+        self.check_config(self.config)  # also when built by other code than `skyrl run`
         self.cfg, numerics = decide_numerics(self.config)
         cfg = self.cfg
         use_one_malloc_arena()  # before the engine's thread exists (see skyrl_trainers.memory)
@@ -92,14 +100,14 @@ class FSDPGRPOTrainer:
         resume_from = self.run_folder.latest_checkpoint() if run.resume else None
         resumed = torch.load(resume_from / "trainer_state.pt", weights_only=False) if resume_from else None
         start = resumed["step"] if resumed else 0
+        shared = can_share_weights(self.config, engine_class(self.config))  # never off sync (its docstring)
         fresh, previous_config = not self.run_folder.path.exists(), self.run_folder.saved_config()
         self.run_folder.create(self.config.to_dict(), resuming=resumed is not None)
         print(f"run folder: {self.run_folder.path}", flush=True)
         print("\n".join(numerics), flush=True)
         self.training_started = False
         try:
-            return self._train(start, resumed, resume_from, stream, held_out,
-                               shared=can_share_weights(self.config, engine_cls))  # never off sync (its docstring)
+            return self._train(start, resumed, resume_from, stream, held_out, shared=shared)
         except BaseException:
             if not self.training_started:  # leave no empty run behind, nor a config a resume never ran with
                 self.run_folder.undo_create(fresh, previous_config)
