@@ -181,3 +181,37 @@ def test_chunked_logprobs_under_autocast_take_the_heads_autocast_dtype(monkeypat
             results.append(token_logprobs(model, batch())[0])
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-5)
 
+
+
+PRIMITIVES_PROGRAM = """
+import torch
+from skyrl_trainers.memory import bound_onednn_primitive_cache
+
+bound_onednn_primitive_cache(2)  # after torch's import, before the first matmul: as a run does
+weight = torch.randn(64, 32)
+for rows in (5, 6, 7, 5):  # three shapes, then the first again
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.nn.functional.linear(torch.randn(rows, 32), weight)
+"""
+
+
+@pytest.mark.parametrize("user_setting", [None, "1024"])
+def test_the_onednn_primitive_cache_is_bounded_unless_the_user_set_it(user_setting):
+    """Each new matmul shape caches a primitive (a few MB each); a run keeps a few dozen, not oneDNN's 1024."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    env["ONEDNN_VERBOSE"] = "all"  # oneDNN reports each primitive it creates as a cache hit or miss
+    if user_setting:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = user_setting
+    done = subprocess.run([sys.executable, "-c", PRIMITIVES_PROGRAM], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    created = re.findall(r"create:cache_(hit|miss)", done.stdout + done.stderr)
+    if not created:
+        pytest.skip("this CPU runs bf16 matmuls without oneDNN")
+    # bounded to 2: the first shape was evicted and is built again; the user's 1024 keeps it
+    assert created == ["miss", "miss", "miss", "hit" if user_setting else "miss"]

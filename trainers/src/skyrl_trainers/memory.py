@@ -12,9 +12,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 
 log = logging.getLogger(__name__)
 M_ARENA_MAX = -8  # mallopt parameter number, from glibc's malloc.h
+ONEDNN_CACHE_CAPACITY = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
 def use_one_malloc_arena() -> bool:
@@ -31,3 +33,16 @@ def use_one_malloc_arena() -> bool:
     if not ok:
         log.debug("mallopt(M_ARENA_MAX, 1) was refused")
     return ok
+
+
+def bound_onednn_primitive_cache(capacity: int = 64) -> None:
+    """Keep at most ``capacity`` oneDNN primitives cached (oneDNN's default is 1024), unless the user set
+    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``. Effective only before this process's first oneDNN primitive.
+
+    CPU bf16 matmuls run as oneDNN primitives, each built for one problem shape and cached with its
+    compiled kernels. Training micro-batches and prefills come in ever new lengths, so the cache grew
+    by a few MB per new shape all run long: the main job's resident memory rose by about 0.3 GiB a step
+    while its live tensors stayed at 1.5 GiB. Building a primitive takes about 0.3 ms, and the layers
+    of one forward or backward share their few shapes, so a small cache costs no measurable time.
+    """
+    os.environ.setdefault(ONEDNN_CACHE_CAPACITY, str(capacity))

@@ -44,7 +44,7 @@ from skyrl_trainers.engine_setup import (
     sleeps_between_rollouts,
 )
 from skyrl_trainers.evaluation import HeldOutEval
-from skyrl_trainers.memory import use_one_malloc_arena
+from skyrl_trainers.memory import bound_onednn_primitive_cache, use_one_malloc_arena
 from skyrl_trainers.numerics import decide_numerics
 from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
 from skyrl_trainers.progress import TrainingProgress
@@ -91,6 +91,7 @@ class FSDPGRPOTrainer:
         self.cfg, numerics = decide_numerics(self.config)
         cfg = self.cfg
         use_one_malloc_arena()  # before the engine's thread exists (see skyrl_trainers.memory)
+        bound_onednn_primitive_cache()  # before the first matmul
         random.seed(run.seed)
         torch.manual_seed(run.seed)
         env_cls = env_class(self.config.env_id)
