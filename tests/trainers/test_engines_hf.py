@@ -189,7 +189,11 @@ async def test_rows_finishing_one_by_one_keep_their_tokens_and_compact_the_cache
     select = hf._Batch._select_live
     monkeypatch.setattr(hf._Batch, "_select_live",
                         lambda batch, device: compactions.append(len(batch.rows)) or select(batch, device))
-    batched = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
+    together = batching_engine(engine, len(prompts))  # one batch from the start, however loaded the machine
+    try:
+        batched = await asyncio.gather(*(together.generate(p, s) for p, s in zip(prompts, params, strict=True)))
+    finally:
+        together.close()
     assert len({len(o.token_ids) for o in batched}) >= 6  # they leave at different steps
     for one, other in zip(alone, batched, strict=True):
         assert other.token_ids == one.token_ids
