@@ -164,17 +164,18 @@ def test_starting_the_tests_in_the_workdir_lints_them_as_started_there(tmp_path:
 
 # --- 3. no escape through an env error -------------------------------------------------------------------------
 
-@pytest.mark.slow  # up to ~11 s a case
+@pytest.mark.slow  # up to ~20 s a case
 @pytest.mark.parametrize("escape", list(ESCAPES))
 def test_an_agent_cannot_turn_its_episode_into_an_env_error(machine_backend: str, escape: str):
     row = builtin_row("hello-world-file")
     replies = [bash(ESCAPES[escape]), bash("echo still-here"), "<done/>"]
-    results, env = play(row, replies, backend=machine_backend, command_timeout_s=3)
+    # 8 s: under the 20 s sleep of the stat-fields trick, and room for a loaded machine's shell restart.
+    results, env = play(row, replies, backend=machine_backend, command_timeout_s=8)
     assert "still-here" in said(results[1]), said(results[1])  # the next command found a working shell
     reward, info = scored(results)
     assert reward == 0.0 and env.get_metrics()["agent_failures"] == 0
     results, _ = play(row, [bash(ESCAPES[escape]), bash("chmod 755 /app", HELLO, done=True)],
-                      backend=machine_backend, command_timeout_s=3)
+                      backend=machine_backend, command_timeout_s=8)
     assert scored(results)[0] == 1.0, "the honest work after the trick is still verified"
 
 
