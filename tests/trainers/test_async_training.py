@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -243,16 +244,20 @@ def test_a_killed_async_run_resumes_without_training_a_task_twice(run_config, ex
 
 def test_async_grpo_learns_to_write_the_target_letter_within_the_staleness_bound(run_config, extra_envs):
     # the sync learning test's task and settings, trained asynchronously (4 groups in flight, 1 step stale).
-    # Timing decides which policy version generates what, so the curve depends on the machine's load: by
-    # step 12 the gain was 0.20-0.24 idle but once 0.145 in a loaded CI run; by step 16 it was 0.27-0.38
-    # with other tests running beside it.
-    cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8},
-                     trainer={"steps": 16, "lr": 2e-2, "mode": "async", "max_staleness": 1, **OFF_POLICY})
-    summary = FSDPGRPOTrainer(cfg).fit()
-    records = read_metrics(cfg.run.output_dir)
-    rewards = [r["reward/mean"] for r in records]
-    before, after = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
-    assert after > before + 0.15, rewards
-    assert all(r["async/staleness_max"] <= 1.0 for r in records), [r["async/staleness_max"] for r in records]
-    assert any(r["async/staleness_max"] == 1.0 for r in records)  # it really overlapped
-    assert summary["async/dropped_groups"] == sum(r["async/dropped_groups"] for r in records)
+    # Timing decides which policy version generates what, so one run's curve depends on the machine's load,
+    # and in bf16 on the CPU's rounding too (seed 0 gained 0.27-0.38 by step 16 on one AVX512-BF16 machine,
+    # 0.12 on another): the test runs in fp32 and takes the mean over three seeds (0.20, 0.29 and 0.39 idle).
+    gains = []
+    for seed in range(3):
+        cfg = run_config(env="letter_e", generator={"n_samples_per_prompt": 8}, run={"seed": seed},
+                         trainer={"steps": 16, "lr": 2e-2, "mode": "async", "max_staleness": 1, "precision": "fp32",
+                                  **OFF_POLICY})
+        summary = FSDPGRPOTrainer(cfg).fit()
+        records = read_metrics(cfg.run.output_dir)
+        rewards = [r["reward/mean"] for r in records]
+        gains.append(sum(rewards[-2:]) / 2 - sum(rewards[:2]) / 2)
+        assert all(r["async/staleness_max"] <= 1.0 for r in records), [r["async/staleness_max"] for r in records]
+        assert any(r["async/staleness_max"] == 1.0 for r in records)  # it really overlapped
+        assert summary["async/dropped_groups"] == sum(r["async/dropped_groups"] for r in records)
+        shutil.rmtree(cfg.run.output_dir)
+    assert sum(gains) / len(gains) > 0.15, gains
