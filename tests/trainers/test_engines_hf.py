@@ -465,6 +465,26 @@ def test_roomy_cache_layer_appends_in_place_and_matches_a_plain_layer():
     assert sum(a != b for a, b in zip(pointers, pointers[1:], strict=False)) == 2
 
 
+def test_a_stacked_layer_left_pads_each_part_with_zeros_and_appends_into_its_room():
+    from skyrl_trainers.engines.hf import _RoomyLayer
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 2, 3, 4, generator=generator), torch.randn(1, 2, 5, 4, generator=generator)
+    layer = _RoomyLayer.stacked([a, b], [a + 1, b + 1], width=6, room=2)
+    assert layer.keys.shape == (3, 2, 6, 4) and layer.get_seq_length() == 6
+    assert torch.equal(layer.keys[:2, :, 3:], a) and torch.equal(layer.keys[2:, :, 1:], b)
+    assert torch.equal(layer.values[:2, :, 3:], a + 1) and torch.equal(layer.values[2:, :, 1:], b + 1)
+    assert not layer.keys[:2, :, :3].any() and not layer.keys[2:, :, :1].any()  # padding: zeros, never garbage
+    buffer = layer.keys.data_ptr()
+    steps = [torch.randn(3, 2, 1, 4, generator=generator) for _ in range(3)]
+    for new in steps[:2]:  # within the room: written in place
+        layer.update(new, new)
+        assert layer.keys.data_ptr() == buffer
+    layer.update(steps[2], steps[2])  # past it: moved to a bigger buffer, nothing lost
+    assert layer.keys.data_ptr() != buffer and layer.get_seq_length() == 9
+    assert torch.equal(layer.keys[:, :, 6:], torch.cat(steps, dim=2)) and torch.equal(layer.keys[2:, :, 1:6], b)
+
+
 async def test_sampled_rows_leaving_the_batch_at_different_steps_match_their_solo_runs(engine):
     prompts = chat_prompts(engine.tokenizer, 3)
     params = [SamplingParams(max_tokens=n, temperature=1.0, seed=10 + n) for n in (3, 9, 20, 14)]
@@ -478,16 +498,21 @@ async def test_sampled_rows_leaving_the_batch_at_different_steps_match_their_sol
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-async def test_a_next_turn_runs_only_its_new_tokens_and_matches_a_full_prefill(engine, tiny):
+async def test_a_next_turn_runs_only_its_new_tokens_and_matches_a_full_prefill(engine, tiny, monkeypatch):
     """Turn 2's prompt is turn 1's prompt, its tokens and an observation: the engine continues turn 1's
-    keys and values (one prefix hit each) and samples what a full prefill of that prompt would give."""
+    keys and values (one prefix hit each) and samples what a full prefill of that prompt would give.
+    Neither turn's decode regrows its KV buffers: a prefill leaves room for its rows' whole decode."""
+    import skyrl_trainers.engines.hf as hf
+
+    regrown, with_room = [], hf._with_room
+    monkeypatch.setattr(hf, "_with_room", lambda tensor, capacity: regrown.append(capacity) or with_room(tensor, capacity))
     prompts = chat_prompts(engine.tokenizer, 4)
-    params = SamplingParams(max_tokens=6, temperature=1.0, seed=7)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=7, ignore_eos=True)
     first = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     observation = engine.tokenizer.encode(" ok, and now?", add_special_tokens=False)
     second_prompts = [p + o.token_ids + observation for p, o in zip(prompts, first, strict=True)]
     second = await asyncio.gather(*(engine.generate(p, params) for p in second_prompts))
-    assert engine.prefixes.hits == 4
+    assert engine.prefixes.hits == 4 and regrown == []
     model, tokenizer = tiny
     for prompt, out in zip(second_prompts, second, strict=True):
         assert out.logprobs == pytest.approx(teacher_forced_logprobs(model, prompt, out.token_ids), abs=1e-4)

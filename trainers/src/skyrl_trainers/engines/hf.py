@@ -140,17 +140,16 @@ class _Batch:
 
     def mergeable(self) -> bool:
         """New rows can join only caches made of plain growing layers (not sliding-window or static ones)."""
-        layers = getattr(self.cache, "layers", None)
-        return bool(layers) and all(type(layer) in (DynamicLayer, _RoomyLayer) for layer in layers)
+        return _plain_layers(self.cache)
 
     def merge(self, other: _Batch) -> _Batch:
         """Both batches as one: the shorter cache and mask are left-padded to the longer one's length."""
         width = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
-            mine.values = torch.cat([_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)])
+        room = _room_for(self.rows + other.rows)
+        for k, (mine, theirs) in enumerate(zip(self.cache.layers, other.cache.layers, strict=True)):
+            self.cache.layers[k] = _RoomyLayer.stacked([mine.keys, theirs.keys], [mine.values, theirs.values],
+                                                       width, room)
         mask = torch.cat([_pad_left(self.attention_mask, width, 1), _pad_left(other.attention_mask, width, 1)])
-        _give_room(self.cache)
         return _Batch(self.rows + other.rows, self.cache, torch.cat([self.logits, other.logits]), mask,
                       torch.cat([self.next_position, other.next_position]))
 
@@ -356,19 +355,20 @@ class HFEngine:
         for request in requests:
             request.logits_version = self.weight_version
         past = max(p.length for _, p in continued)
-        layers = [(torch.cat([_pad_left(p.layers[k][0], past, 2) for _, p in continued]),
-                   torch.cat([_pad_left(p.layers[k][1], past, 2) for _, p in continued]))
-                  for k in range(len(continued[0][1].layers))]
         input_ids, new_mask = _left_pad([r.prompt_ids[p.length:] for r, p in continued], self.pad_id, self.device)
+        # the buffers hold the new tokens too (this forward appends them in place) and the rows' decode
+        room = input_ids.shape[1] + _room_for(requests)
+        cache = DynamicCache()
+        for _ in range(len(continued[0][1].layers)):
+            parts = [p.layers.pop(0) for _, p in continued]  # taken out, so each layer's copies go once stacked
+            cache.layers.append(_RoomyLayer.stacked([k for k, _ in parts], [v for _, v in parts], past, room))
         lengths = torch.tensor([p.length for _, p in continued], device=self.device)
         past_mask = (torch.arange(past, device=self.device) >= past - lengths[:, None]).long()
         positions = lengths[:, None] + new_mask.cumsum(-1) - 1
         mask = torch.cat([past_mask, new_mask], dim=1)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1, **{self.cache_kwarg: DynamicCache(ddp_cache_data=layers)})
-        cache = _cache_of(out)
-        _give_room(cache)
-        return _Batch(requests, cache, out.logits[:, -1, :], mask, positions[:, -1] + 1)
+                         logits_to_keep=1, **{self.cache_kwarg: cache})
+        return _Batch(requests, _cache_of(out), out.logits[:, -1, :], mask, positions[:, -1] + 1)
 
     def _recompute(self, batch: _Batch) -> _Batch:
         """The rows re-prefilled (prompt + tokens so far) with the current weights: a new cache and logits."""
@@ -387,11 +387,14 @@ class HFEngine:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                          use_cache=True, logits_to_keep=1)
         cache, logits, next_position = _cache_of(out), out.logits[:, -1, :], positions[:, -1] + 1
-        if len(unique) < len(requests):
-            index = torch.tensor(row_of, device=self.device)
+        index = torch.tensor(row_of, device=self.device)
+        logits, attention_mask, next_position = logits[index], attention_mask[index], next_position[index]
+        if _plain_layers(cache):  # one layer at a time, into buffers with room for the rows' whole decode
+            width, room = attention_mask.shape[1], _room_for(requests)
+            for k, layer in enumerate(cache.layers):
+                cache.layers[k] = _RoomyLayer.stacked([layer.keys[index]], [layer.values[index]], width, room)
+        else:
             cache.batch_select_indices(index)
-            logits, attention_mask, next_position = logits[index], attention_mask[index], next_position[index]
-        _give_room(cache)
         return _Batch(list(requests), cache, logits, attention_mask, next_position)
 
     def _step(self, batch: _Batch, tokens: torch.Tensor) -> _Batch:
@@ -629,12 +632,28 @@ class _RoomyLayer(DynamicLayer):
 
     A decode step writes its new key and value in place instead of copying the whole layer with
     ``torch.cat`` (which a plain ``DynamicLayer`` does every step). Anything that replaces ``keys``
-    or ``values`` (merging batches, cropping) just makes the next ``update`` move them to new buffers.
+    or ``values`` (cropping, say) just makes the next ``update`` move them to new buffers.
     """
 
-    room = 64  # spare positions allocated each time the buffers are (re)made
+    room = 64  # spare positions allocated when an update finds the buffers full
     _key_buffer: torch.Tensor | None = None
     _value_buffer: torch.Tensor | None = None
+
+    @classmethod
+    def stacked(cls, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], width: int, room: int
+                ) -> _RoomyLayer:
+        """A layer of ``keys``/``values`` (``[rows, heads, length, head_dim]`` parts) stacked along the batch,
+        each left-padded with zeros to ``width``, in buffers with ``room`` spare positions.
+
+        Each part is copied once, and the decode steps that follow append in place: building the same
+        with ``torch.cat`` and a ``DynamicLayer`` copies every key and value two or three times over.
+        """
+        layer = cls()
+        layer.lazy_initialization(keys[0], values[0])
+        layer._key_buffer, layer._value_buffer = _stack_left_padded(keys, width, room), _stack_left_padded(
+            values, width, room)
+        layer.keys, layer.values = layer._key_buffer[:, :, :width], layer._value_buffer[:, :, :width]
+        return layer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -651,12 +670,14 @@ class _RoomyLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Only the rows at ``indices``, buffers included (one copy, no second one at the next update)."""
+        """Only the rows at ``indices``, in buffers with the same room (one copy of the positions in use)."""
         length = self.get_seq_length()
         if length and _front_of(self.keys, self._key_buffer, length) and _front_of(
                 self.values, self._value_buffer, length):
-            assert self._key_buffer is not None and self._value_buffer is not None
-            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
+            assert self._key_buffer is not None
+            room = self._key_buffer.shape[2] - length
+            self._key_buffer = _stack_left_padded([self.keys[indices]], length, room)
+            self._value_buffer = _stack_left_padded([self.values[indices]], length, room)
             self.keys, self.values = self._key_buffer[:, :, :length], self._value_buffer[:, :, :length]
         else:
             super().batch_select_indices(indices)
@@ -669,17 +690,36 @@ def _front_of(tensor: torch.Tensor, buffer: torch.Tensor | None, end: int) -> bo
             and tensor.stride() == buffer.stride() and tensor.dtype == buffer.dtype)
 
 
+def _stack_left_padded(parts: Sequence[torch.Tensor], width: int, room: int) -> torch.Tensor:
+    """``parts`` stacked along dim 0, each left-padded with zeros to ``width`` along dim 2, in a buffer of
+    ``width + room`` positions (the room is left uninitialised)."""
+    first = parts[0]
+    buffer = first.new_empty((sum(p.shape[0] for p in parts), first.shape[1], width + room, *first.shape[3:]))
+    row = 0
+    for part in parts:
+        rows, pad = part.shape[0], width - part.shape[2]
+        buffer[row:row + rows, :, :pad].zero_()
+        buffer[row:row + rows, :, pad:width] = part
+        row += rows
+    return buffer
+
+
+def _room_for(requests: Sequence[_Request], most: int = 256) -> int:
+    """Spare positions for a batch of ``requests``: its longest remaining decode, at least one and at most
+    ``most`` (on a GPU the room is allocated at once; past it the buffers grow by ``_RoomyLayer.room``)."""
+    return min(most, max(1, max(r.max_new_tokens - len(r.token_ids) for r in requests)))
+
+
+def _plain_layers(cache: Any) -> bool:
+    """Whether ``cache`` is made of plain growing layers only (not sliding-window or static ones)."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) in (DynamicLayer, _RoomyLayer) for layer in layers)
+
+
 def _with_room(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
     buffer = tensor.new_empty((*tensor.shape[:2], capacity, *tensor.shape[3:]))
     buffer[:, :, :tensor.shape[2]] = tensor
     return buffer
-
-
-def _give_room(cache: Any) -> None:
-    """Make the plain growing layers of ``cache`` :class:`_RoomyLayer` (same state, in-place appends)."""
-    for layer in getattr(cache, "layers", None) or []:
-        if type(layer) is DynamicLayer:
-            layer.__class__ = _RoomyLayer
 
 
 def resolve_device(device: str) -> str:
