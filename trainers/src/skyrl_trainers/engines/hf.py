@@ -717,9 +717,8 @@ def _plain_layers(cache: Any) -> bool:
 
 
 def _with_room(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
-    buffer = tensor.new_empty((*tensor.shape[:2], capacity, *tensor.shape[3:]))
-    buffer[:, :, :tensor.shape[2]] = tensor
-    return buffer
+    """``tensor`` at the front of a new buffer of ``capacity`` positions (an update that found no room)."""
+    return _stack_left_padded([tensor], tensor.shape[2], capacity - tensor.shape[2])
 
 
 def resolve_device(device: str) -> str:
