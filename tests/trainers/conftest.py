@@ -54,3 +54,21 @@ def run_config(tmp_path):
         return build_config(merge(layers, sections), registry=get_registry())
 
     return make
+
+
+@pytest.fixture
+def this_cpu(monkeypatch):
+    """Pretend this CPU has the given bf16 instructions and probe ratio; ``auto`` decides afresh and the probes
+    it runs are counted."""
+    from skyrl_trainers import precision
+
+    probes: list[float] = []
+
+    def pretend(feature: str | None, speedup: float = 0.0) -> list[float]:
+        monkeypatch.setattr(precision, "cpu_bf16_feature", lambda: feature)
+        monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: probes.append(speedup) or speedup)
+        precision.cpu_auto_precision.cache_clear()
+        return probes
+
+    yield pretend
+    precision.cpu_auto_precision.cache_clear()  # later tests see this CPU's own decision

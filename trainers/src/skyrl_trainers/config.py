@@ -74,7 +74,8 @@ class FSDPGRPOConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Mixed precision of forward/backward (fp32 master weights); auto: bf16 on cuda and on a "
-        "CPU with native bf16 (AVX512-BF16 or AMX), else fp32. The hf engine samples in the same precision.")
+        "CPU with bf16 instructions (AVX512-BF16 or AMX) whose bf16 matmuls ran at least 1.25x the fp32 rate in a "
+        "probe at start, else fp32. The hf engine samples in the same precision.")
     strategy: Literal["fsdp"] = Field("fsdp", description="Sharding strategy ('fsdp2' is a deprecated alias).")
     world_size: int = Field(1, ge=1, description="Trainer ranks; 1 runs in-process, more as worker processes.")
     backend: Literal["local", "ray"] = Field("local", description="local processes, or Ray actors in a placement group.")

@@ -47,12 +47,15 @@ def resolve_tis(config: Any) -> tuple[str, str | None]:
 
 
 def decide_numerics(config: Any) -> tuple[Any, list[str]]:
-    """The run's trainer section with ``off_policy.tis=auto`` decided, and the lines a run prints about
-    what it computes in and why (the precision always; the correction when ``auto`` turned it on)."""
+    """The run's trainer section with ``precision`` and ``off_policy.tis`` decided where they were ``auto``
+    (so every rank computes in the precision the driver chose), and the lines a run prints about what it
+    computes in and why (the precision always; the correction when ``auto`` turned it on)."""
     cfg = config.trainer
-    lines = [resolve_precision(cfg.precision, trainer_device(cfg.device)).describe()]
+    precision = resolve_precision(cfg.precision, trainer_device(cfg.device))
+    lines = [precision.describe()]
     tis, reason = resolve_tis(config)
     if cfg.off_policy.tis == "auto" and reason:
         lines.append(f"rollout logprobs: token-level TIS corrects them, because {reason} "
                      "(trainer.off_policy.tis=none turns it off)")
-    return cfg.model_copy(update={"off_policy": cfg.off_policy.model_copy(update={"tis": tis})}), lines
+    return cfg.model_copy(update={"precision": "bf16" if precision.bf16 else "fp32",
+                                  "off_policy": cfg.off_policy.model_copy(update={"tis": tis})}), lines

@@ -1,19 +1,28 @@
-"""Which precision a run computes in: bf16 where the hardware runs it natively, fp32 elsewhere.
+"""Which precision a run computes in: bf16 where the hardware runs it faster, fp32 elsewhere.
 
-On CUDA bf16 is the norm. On a CPU it pays only where the cores have bf16 instructions (AVX512-BF16
-or AMX on Xeons since Cooper Lake / Sapphire Rapids), which run a bf16 matmul at about twice the fp32
-rate: there a GRPO step of SmolLM2-135M takes 0.87 of its fp32 time (``bench/vs_trl.py``). Without
-them oneDNN emulates bf16 and is slower than fp32, so ``auto`` keeps fp32 there.
+On CUDA bf16 is the norm. On a CPU it pays only where the cores run bf16 matmuls faster than fp32
+ones. The flags are not enough: bf16 instructions (AVX512-BF16, AMX) are needed, but a CPU that lists
+AVX512-BF16 and no AMX was measured at half the fp32 rate in bf16 (oneDNN's ``avx512_core_bf16``
+kernels: 130 against 250 GFLOP/s on 2 cores), and a GRPO step there took 1.7x its fp32 time
+(``bench/vs_trl.py``), while another with the same flags ran bf16 at twice the fp32 rate. So ``auto``
+measures: a CPU with the instructions runs a short matmul probe in both precisions, once per process,
+and takes bf16 only when it is clearly faster.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 #: /proc/cpuinfo flags of the bf16 instructions oneDNN uses, best first, with the name users know them by
 BF16_CPU_FLAGS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
+#: how many times the fp32 rate a CPU's bf16 matmuls must reach for ``auto`` to choose bf16; measured
+#: ratios fall far on either side (0.5x to 0.6x, 2x and more), so load on the machine does not flip it
+BF16_MIN_SPEEDUP = 1.25
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,39 @@ def cpu_bf16_feature(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     return next((name for flag, name in BF16_CPU_FLAGS if flag in flags), None)
 
 
+def bf16_matmul_speedup(size: int = 1024, rounds: int = 7) -> float:
+    """How many times faster this CPU multiplies ``size``-square matrices in bf16 than in fp32, with
+    torch's current thread count: the best of ``rounds`` timings of each, taken in turn, so a burst of
+    load slows both sides alike. About 0.2 s."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator) for _ in range(2))
+    pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+    for x, y in pairs.values():
+        torch.mm(x, y)  # oneDNN builds each kernel on its first call
+    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in pairs}
+    for _ in range(rounds):
+        for dtype, (x, y) in pairs.items():
+            start = time.perf_counter()
+            torch.mm(x, y)
+            times[dtype].append(time.perf_counter() - start)
+    return min(times[torch.float32]) / min(times[torch.bfloat16])
+
+
+@functools.cache
+def cpu_auto_precision() -> Precision:
+    """``auto`` on this CPU: bf16 where it has the instructions and its bf16 matmuls ran at least
+    :data:`BF16_MIN_SPEEDUP` times the fp32 rate; decided once per process, so every caller agrees."""
+    feature = cpu_bf16_feature()
+    if not feature:
+        return Precision(False, "auto: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 would be slower")
+    speedup = bf16_matmul_speedup()
+    if speedup < BF16_MIN_SPEEDUP:
+        return Precision(False, f"auto: this CPU has {feature}, but its bf16 matmuls ran at {speedup:.2f}x the fp32 "
+                                "rate here; trainer.precision=bf16 forces bf16")
+    return Precision(True, f"auto: this CPU has {feature}, whose bf16 matmuls ran at {speedup:.1f}x the fp32 rate "
+                           "here; trainer.precision=fp32 turns it off")
+
+
 def resolve_precision(requested: str, device_kind: str) -> Precision:
     """``trainer.precision`` (``auto``, ``fp32``, ``bf16``) on a ``cuda`` or ``cpu`` device."""
     if requested == "fp32":
@@ -47,8 +89,5 @@ def resolve_precision(requested: str, device_kind: str) -> Precision:
         return Precision(True, "trainer.precision=bf16")
     if device_kind == "cuda":
         return Precision(True, "auto on CUDA")
-    feature = cpu_bf16_feature()
-    if feature:
-        return Precision(True, f"auto: this CPU has {feature}; trainer.precision=fp32 turns it off")
-    return Precision(False, "auto: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 would be slower")
+    return cpu_auto_precision()
 

@@ -88,10 +88,10 @@ class FSDPGRPOTrainer:
         cfg, run = self.cfg, self.config.run
         self.clock = RunClock()
         self.check_config(self.config)  # also when built by other code than `skyrl run`
+        use_one_malloc_arena()  # before the engine's and OpenMP's threads exist (see skyrl_trainers.memory)
+        bound_onednn_primitive_cache()  # before the first matmul, the precision probe's included
         self.cfg, numerics = decide_numerics(self.config)
         cfg = self.cfg
-        use_one_malloc_arena()  # before the engine's thread exists (see skyrl_trainers.memory)
-        bound_onednn_primitive_cache()  # before the first matmul
         random.seed(run.seed)
         torch.manual_seed(run.seed)
         env_cls = env_class(self.config.env_id)

@@ -23,8 +23,8 @@ cache and the next token's logits are the new policy's). ``weight_version`` coun
 
 On a float32 CPU model the linear layers decode with weights packed for oneDNN
 (:class:`PackedLinears`), which roughly halves a decode step; see ``HFEngineConfig.packed_weights``. On a
-CPU with native bf16 (AVX512-BF16, AMX) the decoder layers' copies are bfloat16 (``packed_dtype``): prefill
-runs about 1.7x faster again, while the model, its output head and everything between the linear
+CPU whose bf16 matmuls run faster than fp32 ones (``skyrl_trainers.precision``) the decoder layers' copies
+are bfloat16 (``packed_dtype``): prefill ran about 1.7x faster again on one with AVX512-BF16, while the model, its output head and everything between the linear
 layers stay float32.
 """
 
@@ -70,7 +70,7 @@ class HFEngineConfig(BaseModel):
     packed_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype of the packed copies of the decoder layers' linear weights (the output head "
         "stays float32); bfloat16 casts each layer's input to bf16 and its output back. auto: bfloat16 on a CPU "
-        "with native bf16 (AVX512-BF16 or AMX), else float32. Training runs set it from trainer.precision.")
+        "with bf16 instructions (AVX512-BF16 or AMX) that ran a probe matmul faster in bf16, else float32. Training runs set it from trainer.precision.")
     in_flight_updates: Literal["off", "keep", "recompute"] = Field(
         "off", description="What a weight update does to rows decoding: off: waits until they finish; "
         "keep: lands between two decode steps, rows keep their KV cache and go on with the new weights; "
@@ -602,11 +602,12 @@ def packing_available() -> bool:
 
 
 def resolve_packed_dtype(dtype: str) -> torch.dtype:
-    """``HFEngineConfig.packed_dtype`` as a torch dtype (``auto``: bfloat16 where the CPU runs it natively)."""
-    from skyrl_trainers.precision import cpu_bf16_feature
+    """``HFEngineConfig.packed_dtype`` as a torch dtype (``auto``: bfloat16 where this CPU runs it faster,
+    the same choice as ``trainer.precision: auto``)."""
+    from skyrl_trainers.precision import cpu_auto_precision
 
     if dtype == "auto":
-        dtype = "bfloat16" if cpu_bf16_feature() else "float32"
+        dtype = "bfloat16" if cpu_auto_precision().bf16 else "float32"
     supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     if dtype == "bfloat16" and not (supported and supported()):
         raise EngineError("hf engine: packed_dtype=bfloat16 needs a CPU with bf16 support in oneDNN (AVX512 or "
