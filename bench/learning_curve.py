@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -58,10 +59,24 @@ def run_seed(seed: int, out: Path, overrides: list[str]) -> dict[str, Any]:
         raise SystemExit(f"seed {seed} failed (exit {done.returncode}); its log: {out / f'seed{seed}.log'}\n"
                          f"{done.stderr[-2000:]}")
     peak_gib = int(done.stderr.strip().splitlines()[-1]) / 1024**2
-    print(f"seed {seed}: {seconds / 60:.1f} min, peak RSS {peak_gib:.2f} GiB", flush=True)
+    # the run's own line on what it computed in and why (the same CPU can take bf16 or fp32: see precision.py)
+    precision = next((line for line in (out / f"seed{seed}.log").read_text().splitlines()
+                      if line.startswith("precision: ")), "precision: (not printed)")
+    print(f"seed {seed}: {seconds / 60:.1f} min, peak RSS {peak_gib:.2f} GiB; {precision}", flush=True)
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {"steps": [r for r in records if "reward/mean" in r],  # training steps, not evaluations
-            "evals": [r for r in records if "eval/pass_rate" in r], "seconds": seconds, "peak_rss_gib": peak_gib}
+            "evals": [r for r in records if "eval/pass_rate" in r], "seconds": seconds, "peak_rss_gib": peak_gib,
+            "precision": precision, "cpu": cpu_name()}
+
+
+def cpu_name() -> str:
+    """The CPU's model name and core count, for the record beside its figures (times depend on both)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    return f"{name}, {os.cpu_count()} cores"
 
 
 def print_seed_summary(runs: dict[int, dict[str, Any]]) -> list[int]:
@@ -156,6 +171,8 @@ def main() -> int:
     print_table(curves)
     print()
     failed = print_seed_summary(runs)
+    for seed, run in runs.items():
+        print(f"seed {seed}: {run.get('cpu', 'unknown CPU')}; {run.get('precision', 'precision: (not recorded)')}")
     plot(curves, args.out / "learning_curve.png")
     print(f"plot: {args.out / 'learning_curve.png'}")
     return 1 if failed else 0
