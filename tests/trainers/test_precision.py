@@ -61,9 +61,11 @@ def test_the_probe_runs_once_per_process_so_every_caller_agrees(this_cpu):
     assert probes == [0.53]
 
 
-def test_the_probe_measures_this_cpu():
+def test_the_probe_measures_this_cpu_and_leaves_the_thread_count_alone():
+    threads = torch.get_num_threads()
     speedup = bf16_matmul_speedup(size=256, rounds=3)
     assert math.isfinite(speedup) and speedup > 0
+    assert torch.get_num_threads() == threads  # it times one core, then gives the run its threads back
 
 
 def test_the_driver_hands_its_ranks_a_decided_precision(this_cpu, run_config):

@@ -3,7 +3,7 @@
 On CUDA bf16 is the norm. On a CPU it pays only where the cores run bf16 matmuls faster than fp32
 ones. The flags are not enough: bf16 instructions (AVX512-BF16, AMX) are needed, but a CPU that lists
 AVX512-BF16 and no AMX was measured at half the fp32 rate in bf16 (oneDNN's ``avx512_core_bf16``
-kernels: 130 against 250 GFLOP/s on 2 cores), and a GRPO step there took 1.7x its fp32 time
+kernels: 154 against 266 GFLOP/s on 2 cores), and a GRPO step there took 1.7x its fp32 time
 (``bench/vs_trl.py``), while another with the same flags ran bf16 at twice the fp32 rate. So ``auto``
 measures: a CPU with the instructions runs a short matmul probe in both precisions, once per process,
 and takes bf16 only when it is clearly faster.
@@ -15,8 +15,7 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Any
 
 #: /proc/cpuinfo flags of the bf16 instructions oneDNN uses, best first, with the name users know them by
 BF16_CPU_FLAGS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
@@ -48,21 +47,29 @@ def cpu_bf16_feature(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     return next((name for flag, name in BF16_CPU_FLAGS if flag in flags), None)
 
 
-def bf16_matmul_speedup(size: int = 1024, rounds: int = 7) -> float:
-    """How many times faster this CPU multiplies ``size``-square matrices in bf16 than in fp32, with
-    torch's current thread count: the best of ``rounds`` timings of each, taken in turn, so a burst of
-    load slows both sides alike. About 0.2 s."""
+def bf16_matmul_speedup(size: int = 512, rounds: int = 15) -> float:
+    """How many times faster one core of this CPU multiplies ``size``-square matrices in bf16 than in
+    fp32: the best of ``rounds`` timings of each, taken in turn. One thread, because a busy machine then
+    only delays some timings, and the best ones stay clean (with two threads on two busy cores the ratio
+    scattered from 0.4 to 1.1 where one thread gave 0.53 every time). About 0.1 s."""
+    import torch  # here, not at the top: reading the flags needs no torch
+
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=generator) for _ in range(2))
     pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
-    for x, y in pairs.values():
-        torch.mm(x, y)  # oneDNN builds each kernel on its first call
-    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in pairs}
-    for _ in range(rounds):
-        for dtype, (x, y) in pairs.items():
-            start = time.perf_counter()
-            torch.mm(x, y)
-            times[dtype].append(time.perf_counter() - start)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for x, y in pairs.values():
+            torch.mm(x, y)  # oneDNN builds each kernel on its first call
+        times: dict[Any, list[float]] = {dtype: [] for dtype in pairs}
+        for _ in range(rounds):
+            for dtype, (x, y) in pairs.items():
+                start = time.perf_counter()
+                torch.mm(x, y)
+                times[dtype].append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
     return min(times[torch.float32]) / min(times[torch.bfloat16])
 
 

@@ -23,9 +23,9 @@ cache and the next token's logits are the new policy's). ``weight_version`` coun
 
 On a float32 CPU model the linear layers decode with weights packed for oneDNN
 (:class:`PackedLinears`), which roughly halves a decode step; see ``HFEngineConfig.packed_weights``. On a
-CPU whose bf16 matmuls run faster than fp32 ones (``skyrl_trainers.precision``) the decoder layers' copies
-are bfloat16 (``packed_dtype``): prefill ran about 1.7x faster again on one with AVX512-BF16, while the model, its output head and everything between the linear
-layers stay float32.
+CPU whose bf16 matmuls run faster than fp32 ones (``skyrl_trainers.precision``) the decoder layers'
+copies are bfloat16 (``packed_dtype``): prefill ran about 1.7x faster again on one such CPU, while the
+model, its output head and everything between the linear layers stay float32.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class HFEngineConfig(BaseModel):
     packed_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype of the packed copies of the decoder layers' linear weights (the output head "
         "stays float32); bfloat16 casts each layer's input to bf16 and its output back. auto: bfloat16 on a CPU "
-        "with bf16 instructions (AVX512-BF16 or AMX) that ran a probe matmul faster in bf16, else float32. Training runs set it from trainer.precision.")
+        "with bf16 instructions (AVX512-BF16 or AMX) that ran a probe matmul faster in bf16 (as "
+        "trainer.precision: auto decides), else float32. Training runs set it from trainer.precision.")
     in_flight_updates: Literal["off", "keep", "recompute"] = Field(
         "off", description="What a weight update does to rows decoding: off: waits until they finish; "
         "keep: lands between two decode steps, rows keep their KV cache and go on with the new weights; "
