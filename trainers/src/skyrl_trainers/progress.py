@@ -83,7 +83,7 @@ class TrainingProgress:
         self.pending = (f"eval {when}  reward {metrics.get('eval/reward_mean', 0.0):.4g}  "
                         f"pass rate {metrics.get('eval/pass_rate', 0.0):.4g}  ({about})")
         if step == 0:
-            self.progress.console.print(self.pending)
+            self._line(self.pending)
             self.pending = None
 
     def phase(self, step: int, name: str) -> None:
@@ -98,10 +98,14 @@ class TrainingProgress:
         if self.progress is None:
             return
         shown = "  ".join(f"{label} {metrics[key]:.4g}" for key, label in self.SHOWN if key in metrics)
-        self.progress.console.print(f"step {step}  {shown}")
+        self._line(f"step {step}  {shown}")
         if note:
-            self.progress.console.print(note, markup=False, highlight=False, soft_wrap=True)
+            self._line(note)
         if self.pending is not None:
-            self.progress.console.print(self.pending)
+            self._line(self.pending)
             self.pending = None
         self.progress.advance(self.steps)
+
+    def _line(self, text: str) -> None:
+        """``text`` as it is, on one line: the terminal may wrap it, a log file keeps it whole."""
+        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
