@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from skyrl_trainers.engine_setup import engine_config_for_policy
+from skyrl_trainers.engines.hf import resolve_packed_dtype
 from skyrl_trainers.numerics import decide_numerics
 from skyrl_trainers.precision import bf16_matmul_speedup, cpu_bf16_feature, resolve_precision
 
@@ -56,7 +57,6 @@ def test_auto_on_cpu_takes_bf16_only_where_it_measured_faster_and_says_why(this_
 def test_the_probe_runs_once_per_process_so_every_caller_agrees(this_cpu):
     probes = this_cpu("AVX512-BF16", 0.53)
     decisions = {resolve_precision("auto", "cpu").bf16 for _ in range(3)}
-    from skyrl_trainers.engines.hf import resolve_packed_dtype
     assert decisions == {False} and resolve_packed_dtype("auto") == torch.float32  # the engine samples as it trains
     assert probes == [0.53]
 
