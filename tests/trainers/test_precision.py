@@ -68,13 +68,17 @@ def test_the_probe_measures_this_cpu_and_leaves_the_thread_count_alone():
     assert torch.get_num_threads() == threads  # it times one core, then gives the run its threads back
 
 
-def test_the_driver_hands_its_ranks_a_decided_precision(this_cpu, run_config):
+def test_the_driver_hands_its_ranks_and_engine_a_decided_precision(this_cpu, run_config):
     this_cpu("AVX512-BF16", 0.53)
-    trainer, lines = decide_numerics(run_config(trainer={"precision": "auto"}))
-    assert trainer.precision == "fp32" and lines[0].startswith("precision: fp32 (auto: this CPU has AVX512-BF16")
+    decided, lines = decide_numerics(run_config(trainer={"precision": "auto"}))
+    assert decided.trainer.precision == "fp32"
+    assert lines[0].startswith("precision: fp32 (auto: this CPU has AVX512-BF16")
+    # an engine built from it in another process (e.g. on Ray) packs as decided, without a probe of its own
+    assert engine_config_for_policy(decided).packed_dtype == "float32"
     this_cpu("AMX", 3.0)
-    assert decide_numerics(run_config(trainer={"precision": "auto"}))[0].precision == "bf16"
-    assert decide_numerics(run_config(trainer={"precision": "fp32"}))[0].precision == "fp32"
+    decided = decide_numerics(run_config(trainer={"precision": "auto"}))[0]
+    assert decided.trainer.precision == "bf16" and engine_config_for_policy(decided).packed_dtype == "bfloat16"
+    assert decide_numerics(run_config(trainer={"precision": "fp32"}))[0].trainer.precision == "fp32"
 
 
 def test_explicit_choices_and_cuda_ignore_the_cpu(this_cpu):

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -47,9 +48,10 @@ def resolve_tis(config: Any) -> tuple[str, str | None]:
 
 
 def decide_numerics(config: Any) -> tuple[Any, list[str]]:
-    """The run's trainer section with ``precision`` and ``off_policy.tis`` decided where they were ``auto``
-    (so every rank computes in the precision the driver chose), and the lines a run prints about what it
-    computes in and why (the precision always; the correction when ``auto`` turned it on)."""
+    """``config`` with its trainer section's ``precision`` and ``off_policy.tis`` decided where they were
+    ``auto`` (so every rank, and an engine built from it in any process, computes in the precision the
+    driver chose), and the lines a run prints about what it computes in and why (the precision always;
+    the correction when ``auto`` turned it on)."""
     cfg = config.trainer
     precision = resolve_precision(cfg.precision, trainer_device(cfg.device))
     lines = [precision.describe()]
@@ -57,5 +59,6 @@ def decide_numerics(config: Any) -> tuple[Any, list[str]]:
     if cfg.off_policy.tis == "auto" and reason:
         lines.append(f"rollout logprobs: token-level TIS corrects them, because {reason} "
                      "(trainer.off_policy.tis=none turns it off)")
-    return cfg.model_copy(update={"precision": "bf16" if precision.bf16 else "fp32",
-                                  "off_policy": cfg.off_policy.model_copy(update={"tis": tis})}), lines
+    trainer = cfg.model_copy(update={"precision": "bf16" if precision.bf16 else "fp32",
+                                     "off_policy": cfg.off_policy.model_copy(update={"tis": tis})})
+    return dataclasses.replace(config, trainer=trainer), lines

@@ -69,6 +69,7 @@ class FSDPGRPOTrainer:
                               f"got {type(config.trainer).__name__}")
         self.config = config
         self.cfg: FSDPGRPOConfig = config.trainer
+        self.decided = config  # with precision and TIS decided, by fit
         resume = config.run.resume
         self.run_folder = RunFolder(resume if resume else config.default_output_dir())
         self.training_started = False  # set once the step loop begins (fit removes a folder it made before)
@@ -90,8 +91,8 @@ class FSDPGRPOTrainer:
         self.check_config(self.config)  # also when built by other code than `skyrl run`
         use_one_malloc_arena()  # before the engine's and OpenMP's threads exist (see skyrl_trainers.memory)
         bound_onednn_primitive_cache()  # before the first matmul, the precision probe's included
-        self.cfg, numerics = decide_numerics(self.config)
-        cfg = self.cfg
+        self.decided, numerics = decide_numerics(self.config)  # self.config stays as given: the run folder saves it
+        cfg = self.cfg = self.decided.trainer
         random.seed(run.seed)
         torch.manual_seed(run.seed)
         env_cls = env_class(self.config.env_id)
@@ -131,9 +132,9 @@ class FSDPGRPOTrainer:
         try:
             if shared:  # one in-process rank: the engine generates with its parameters (no second copy)
                 workers = make_worker_group(spec)
-                engine, tokenizer = build_engine(self.config, seed=run.seed + start, worker=workers.worker)
+                engine, tokenizer = build_engine(self.decided, seed=run.seed + start, worker=workers.worker)
             else:  # the engine first: loading the policy once in the driver fills the model cache for the ranks
-                engine, tokenizer = build_engine(self.config, seed=run.seed + start)
+                engine, tokenizer = build_engine(self.decided, seed=run.seed + start)
                 workers = make_worker_group(spec)
             generator = generator_class(self.config.generator_id)(
                 self.config.generator, engine=engine, tokenizer=tokenizer, env_id=self.config.env_id,
