@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 
 import pytest
 import torch
@@ -407,6 +408,38 @@ async def test_requests_join_a_running_batch_and_short_ones_return_first(engine,
     assert short.token_ids == expected_short.token_ids and long.token_ids == expected_long.token_ids
     assert short.logprobs == pytest.approx(expected_short.logprobs, abs=1e-4)
     assert long.logprobs == pytest.approx(expected_long.logprobs, abs=1e-4)
+
+
+async def test_a_join_drops_finished_rows_and_the_padding_they_leave_on_the_left(engine, tiny):
+    """The longest row finishes first; when a request joins, the cache is rebuilt without it and without
+    the padding every remaining row had only because of it, so the decode steps after the join attend
+    over fewer positions, and every row still gets what it gets alone."""
+    model, tokenizer = tiny
+    long_prompt = tokenizer.apply_chat_template([{"role": "user", "content": "apple river stone " * 20}],
+                                                add_generation_prompt=True, tokenize=True, return_dict=False)
+    short_prompt, newcomer = chat_prompts(tokenizer, 2)
+    params = [SamplingParams(max_tokens=2, temperature=0), SamplingParams(max_tokens=400, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=5, temperature=0)]
+    alone = [await engine.generate(p, s) for p, s in zip((long_prompt, short_prompt, newcomer), params, strict=True)]
+    widths = []  # the attention mask's width at each decode step
+    joining = HFEngine.from_model(copy.deepcopy(model), tokenizer, HFEngineConfig(packed_dtype="float32"))
+    joining.model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["attention_mask"].shape[1])
+        if kwargs["input_ids"].shape[1] == 1 else None, with_kwargs=True)
+    try:
+        first = [asyncio.create_task(joining.generate(p, s)) for p, s in zip((long_prompt, short_prompt), params[:2], strict=True)]
+        await first[0]  # the long prompt's row is done; the short one decodes on
+        late = await joining.generate(newcomer, params[2])
+        outputs = [await first[0], await first[1], late]
+    finally:
+        joining.close()
+    assert joining.joins == 1
+    # decode steps attend over one more position each, except where the join dropped the long prompt's padding
+    drops = [before - after for before, after in itertools.pairwise(widths) if after < before]
+    assert len(drops) == 1 and drops[0] > 20
+    for one, other in zip(alone, outputs, strict=True):
+        assert other.token_ids == one.token_ids
+        assert other.logprobs == pytest.approx(one.logprobs, abs=1e-4)
 
 
 async def test_weight_update_waits_for_rows_in_flight_and_applies_to_later_requests(engine, tiny):

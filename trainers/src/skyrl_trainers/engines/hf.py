@@ -143,16 +143,30 @@ class _Batch:
         """New rows can join only caches made of plain growing layers (not sliding-window or static ones)."""
         return _plain_layers(self.cache)
 
-    def merge(self, other: _Batch) -> _Batch:
-        """Both batches as one: the shorter cache and mask are left-padded to the longer one's length."""
-        width = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
-        room = _room_for(self.rows + other.rows)
-        for k, (mine, theirs) in enumerate(zip(self.cache.layers, other.cache.layers, strict=True)):
-            self.cache.layers[k] = _RoomyLayer.stacked([mine.keys, theirs.keys], [mine.values, theirs.values],
-                                                       width, room)
-        mask = torch.cat([_pad_left(self.attention_mask, width, 1), _pad_left(other.attention_mask, width, 1)])
-        return _Batch(self.rows + other.rows, self.cache, torch.cat([self.logits, other.logits]), mask,
-                      torch.cat([self.next_position, other.next_position]))
+    def merge(self, other: _Batch, device: torch.device) -> _Batch:
+        """This batch's live rows and ``other``'s as one batch, in one copy of the keys and values: finished
+        rows are left out, then the padding that every remaining row has on its left (the finished rows may
+        have been the longest), and the shorter cache and mask are left-padded to the longer one's length."""
+        live = [i for i in range(len(self.rows)) if i not in self.finished]
+        keep = torch.tensor(live, dtype=torch.long, device=device) if self.finished else None
+        mask = self.attention_mask if keep is None else self.attention_mask[keep]
+        lead = int(mask.argmax(-1).min())  # columns before every live row's first real position
+
+        def mine(states: torch.Tensor) -> torch.Tensor:
+            return (states if keep is None else states[keep])[:, :, lead:]
+
+        mask = mask[:, lead:]
+        width = max(mask.shape[1], other.attention_mask.shape[1])
+        rows = [self.rows[i] for i in live]
+        room = _room_for(rows + other.rows)
+        for k, (layer, theirs) in enumerate(zip(self.cache.layers, other.cache.layers, strict=True)):
+            self.cache.layers[k] = _RoomyLayer.stacked([mine(layer.keys), theirs.keys],
+                                                       [mine(layer.values), theirs.values], width, room)
+        mask = torch.cat([_pad_left(mask, width, 1), _pad_left(other.attention_mask, width, 1)])
+        logits, positions = (self.logits, self.next_position) if keep is None else (
+            self.logits[keep], self.next_position[keep])
+        return _Batch(rows + other.rows, self.cache, torch.cat([logits, other.logits]), mask,
+                      torch.cat([positions, other.next_position]))
 
 
 class HFEngine:
@@ -191,6 +205,7 @@ class HFEngine:
         self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.weight_version = 0
         self.sampling_steps = 0  # steps that sampled a token for every row (for tests: "decoding by now")
+        self.joins = 0  # times arrivals joined a running batch (for tests and benchmarks)
         self.packed = PackedLinears(model, enabled=config.packed_weights, dtype=config.packed_dtype)
         self.prefixes = PrefixCache(model, enabled=config.in_flight_updates == "off", capacity=config.max_batch_size)
         self._seeds = random.Random(config.seed)
@@ -328,8 +343,8 @@ class HFEngine:
             if batch.rows and room > 0 and batch.mergeable():
                 arrived = session.take(room)
                 if arrived:
-                    batch.select_live(self.device)
-                    batch = batch.merge(self._prefill(arrived))
+                    batch = batch.merge(self._prefill(arrived), self.device)
+                    self.joins += 1
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
         """One forward over the prompts; requests with the same prompt (a GRPO group) share its row, and
@@ -344,7 +359,7 @@ class HFEngine:
             batches.append(self._forward_contexts(fresh, [r.prompt_ids for r in fresh]))
         if continued:
             batches.append(self._continue(continued))
-        return batches[0] if len(batches) == 1 else batches[0].merge(batches[1])
+        return batches[0] if len(batches) == 1 else batches[0].merge(batches[1], self.device)
 
     def _continue(self, continued: list[tuple[_Request, _Prefix]]) -> _Batch:
         """One forward over the tokens each prompt adds to its prefix, on top of the prefix's keys and values.
