@@ -143,12 +143,12 @@ class _Batch:
         """New rows can join only caches made of plain growing layers (not sliding-window or static ones)."""
         return _plain_layers(self.cache)
 
-    def merge(self, other: _Batch, device: torch.device) -> _Batch:
+    def merge(self, other: _Batch) -> _Batch:
         """This batch's live rows and ``other``'s as one batch, in one copy of the keys and values: finished
         rows are left out, then the padding that every remaining row has on its left (the finished rows may
         have been the longest), and the shorter cache and mask are left-padded to the longer one's length."""
         live = [i for i in range(len(self.rows)) if i not in self.finished]
-        keep = torch.tensor(live, dtype=torch.long, device=device) if self.finished else None
+        keep = torch.tensor(live, dtype=torch.long, device=self.attention_mask.device) if self.finished else None
         mask = self.attention_mask if keep is None else self.attention_mask[keep]
         lead = int(mask.argmax(-1).min())  # columns before every live row's first real position
 
@@ -343,7 +343,7 @@ class HFEngine:
             if batch.rows and room > 0 and batch.mergeable():
                 arrived = session.take(room)
                 if arrived:
-                    batch = batch.merge(self._prefill(arrived), self.device)
+                    batch = batch.merge(self._prefill(arrived))
                     self.joins += 1
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
@@ -359,7 +359,7 @@ class HFEngine:
             batches.append(self._forward_contexts(fresh, [r.prompt_ids for r in fresh]))
         if continued:
             batches.append(self._continue(continued))
-        return batches[0] if len(batches) == 1 else batches[0].merge(batches[1], self.device)
+        return batches[0] if len(batches) == 1 else batches[0].merge(batches[1])
 
     def _continue(self, continued: list[tuple[_Request, _Prefix]]) -> _Batch:
         """One forward over the tokens each prompt adds to its prefix, on top of the prefix's keys and values.
