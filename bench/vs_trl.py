@@ -98,7 +98,9 @@ def run_ours(steps: int, threads: int, workdir: Path, precision: str) -> dict[st
         "engine": {"id": "hf", "device": "cpu", "dtype": "float32"},
         "trainer": {"id": "fsdp_grpo", "model": "smollm2-135m", "device": "cpu", "precision": precision,
                     "gradient_checkpointing": False, "batch_size": PROMPTS_PER_STEP, "steps": steps, "lr": LR,
-                    "kl_coef": 0.0, "export": False, "samples_per_step": 0},
+                    # no held-out evaluation: TRL runs none, and the env hook would count its episodes
+                    # into the last step's samples and tokens (so into our floor)
+                    "kl_coef": 0.0, "export": False, "samples_per_step": 0, "eval_samples": 0},
         "run": {"console": False, "output_dir": tempfile.mkdtemp(prefix="ours-run-", dir=workdir), "seed": 0},
     }, registry=pm.registry)
     started = time.perf_counter()
