@@ -128,9 +128,12 @@ class _Batch:
         if self.finished:
             self._select_live(device)
 
+    def _live(self) -> list[int]:
+        """Indices of the rows not yet delivered."""
+        return [i for i in range(len(self.rows)) if i not in self.finished]
+
     def _select_live(self, device: torch.device) -> torch.Tensor:
-        keep = torch.tensor([i for i in range(len(self.rows)) if i not in self.finished], dtype=torch.long,
-                            device=device)
+        keep = torch.tensor(self._live(), dtype=torch.long, device=device)
         if len(keep):
             self.cache.batch_select_indices(keep)
         self.rows = [self.rows[i] for i in keep.tolist()]
@@ -147,7 +150,7 @@ class _Batch:
         """This batch's live rows and ``other``'s as one batch, in one copy of the keys and values: finished
         rows are left out, then the padding that every remaining row has on its left (the finished rows may
         have been the longest), and the shorter cache and mask are left-padded to the longer one's length."""
-        live = [i for i in range(len(self.rows)) if i not in self.finished]
+        live = self._live()
         keep = torch.tensor(live, dtype=torch.long, device=self.attention_mask.device) if self.finished else None
         mask = self.attention_mask if keep is None else self.attention_mask[keep]
         lead = int(mask.argmax(-1).min())  # columns before every live row's first real position
