@@ -1,8 +1,8 @@
 """Harbor's own code (harbor==0.25.0, in a Python 3.12 venv of its own) loads and lints every built-in task's export.
 
 The venv is built once per Harbor version under ``$SKYRL_CACHE_DIR`` (default ``~/.cache/skyrl``)
-``/harbor-tooling/``; it needs Python 3.12 (on PATH or under ``~/.pyenv/versions``) and PyPI. Without them
-the tests skip, and fail under ``SKYRL_REQUIRE_DOCKER=1`` (CI).
+``/harbor-tooling/``; it needs Python 3.12 (on PATH or under ``$PYENV_ROOT/versions``, by default
+``~/.pyenv``) and PyPI. Without them the tests skip, and fail under ``SKYRL_REQUIRE_DOCKER=1`` (CI).
 
 Harbor's docker runner does not run here, so the oracles are not run under Harbor: it drives the
 ``docker compose`` V2 plugin (not in Debian bookworm), and a task with ``network_mode = "no-network"`` (every
@@ -54,7 +54,8 @@ def _unavailable(reason: str) -> None:
 
 def _python312() -> str | None:
     """A Python 3.12 that runs (pyenv's shim on PATH may name one no version selects)."""
-    candidates = [*sorted((Path.home() / ".pyenv" / "versions").glob("3.12*/bin/python3.12"), reverse=True),
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")  # a new user's home may not hold it
+    candidates = [*sorted((pyenv / "versions").glob("3.12*/bin/python3.12"), reverse=True),
                   shutil.which("python3.12")]
     for candidate in filter(None, candidates):
         if subprocess.run([str(candidate), "-c", "import venv"], capture_output=True, timeout=60).returncode == 0:
@@ -75,7 +76,7 @@ def harbor_venv() -> Path:
             return venv
         python = _python312()
         if python is None:
-            _unavailable("no python3.12 on PATH or under ~/.pyenv/versions (Harbor needs Python >= 3.12)")
+            _unavailable("no python3.12 on PATH or under $PYENV_ROOT/versions (Harbor needs Python >= 3.12)")
         shutil.rmtree(venv, ignore_errors=True)  # an unfinished build
         made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=300)
         if made.returncode != 0:

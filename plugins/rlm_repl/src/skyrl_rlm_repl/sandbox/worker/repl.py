@@ -103,7 +103,12 @@ class Repl:
 
     def _run(self, code: str, filename: str) -> None:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        tree = ast.parse(code, filename=filename)
+        try:
+            tree = ast.parse(code, filename=filename)
+        except SyntaxError as exc:
+            # the parser's frames (ast.py, under the host's Python) are ours, not the block's: shown as
+            # Python's own REPL shows a syntax error, the block's line and the message only
+            raise exc.with_traceback(None) from None
         last = tree.body[-1] if self.echo_last_expression and tree.body else None
         if isinstance(last, ast.Expr):
             tree.body.pop()
