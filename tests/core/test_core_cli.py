@@ -233,8 +233,12 @@ def test_envs_table_fits_80_columns_and_keeps_metadata_short(skyrl_cli):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
-    (reverse,) = [line for line in lines if "│ reverse_text " in line]
-    assert "max_turns=2," in reverse
+    # one block per env between the rules: id and package on the left, description and metadata on the right
+    blocks = "\n".join(lines).split("├")
+    (reverse,) = [block for block in blocks if "│ reverse_text " in block]
+    assert "skyrl-reverse-text" in reverse and "max_turns=2, reward=0..1" in reverse
+    (rlm,) = [block for block in blocks if "│ rlm_repl " in block]
+    assert len(rlm.strip("─┼┤\n").splitlines()) <= 6  # the issue saw 30 lines for this row at 80 columns
     assert "run_defaults" not in result.stdout and "eval_splits" not in result.stdout  # dicts: in --json only
     rows = {row["id"]: row for row in json.loads(skyrl_cli("envs", "--json").output)}
     assert "run_defaults" in rows["reverse_text"] and "eval_splits" in rows["reverse_text"]

@@ -172,14 +172,18 @@ def _listing_command(kind: Kind) -> Any:
             return
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=f"{kind}s")
-        table.add_column("id", no_wrap=True)
-        for column in ("provider", "description", "metadata"):
-            table.add_column(column, overflow="fold")  # wrapped, never cut: the table fits the terminal
+        # two columns of two parts each (what it is, then which package gives it or what it needs): the
+        # description gets most of the width, so a row stays a few lines tall at 80 columns
+        table = Table(title=f"{kind}s", show_lines=True)
+        table.add_column("id / package", overflow="fold", max_width=26)  # wrapped, never cut
+        table.add_column("description / metadata", overflow="fold", ratio=1)
         for row in rows:
-            table.add_row(row["id"] + (" (CLASH)" if row["clash"] else ""), f"{row['provider']} {row['version']}",
-                          row["description"], compact_metadata(row))
+            name = row["id"] + (" (CLASH)" if row["clash"] else "")
+            metadata = compact_metadata(row)
+            table.add_row(Text.assemble((name, "bold"), "\n", (f"{row['provider']} {row['version']}", "dim")),
+                          Text.assemble(row["description"], *(("\n", (metadata, "dim")) if metadata else ())))
         Console().print(table)
         for spec_id in sorted(registry.clashes[kind]):
             typer.echo(f"clash: {registry.clash_message(kind, spec_id)}", err=True)
