@@ -11,7 +11,6 @@ import torch
 from skyrl_core.engine import EngineError, SamplingParams
 from skyrl_core.generator import GeneratorConfig, MultiTurnGenerator
 from skyrl_trainers.engines.hf import HFEngine, HFEngineConfig
-from skyrl_trainers.models import cache_dir
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
@@ -330,8 +329,7 @@ async def test_closing_fails_waiting_requests_instead_of_hanging(tiny):
     assert all(isinstance(r, EngineError) and "closed" in str(r) for r in results)
 
 
-@pytest.mark.skipif(not (cache_dir() / "smollm2-135m" / ".skyrl-complete").exists(),
-                    reason="smollm2-135m not converted yet (test_models.py's slow test converts it)")
+@pytest.mark.slow  # converts the embedded model on a fresh machine (about 30 s, once per cache)
 async def test_smollm2_answers_a_simple_question():
     engine = HFEngine(HFEngineConfig(model="smollm2-135m", device="cpu"))
     prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}],
