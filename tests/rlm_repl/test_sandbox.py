@@ -143,12 +143,15 @@ async def test_errors_show_model_frames_not_worker_internals(backend):
     async with await Sandbox.create(fast_config(backend=backend)) as sandbox:
         result = await sandbox.execute("def f():\n    raise ValueError('boom')\nf()")
         syntax = await sandbox.execute("def broken(:\n    pass")
+        unparsable = await run_all(sandbox, "x = " + "-" * 200_000 + "1", "x = 1\0")  # parser limits, a null byte
     assert result.error.startswith("Traceback")
     assert 'File "<repl-1>", line 2, in f' in result.error and "ValueError: boom" in result.error
     assert "worker" not in result.error and "skyrl" not in result.error
     # as Python's own REPL shows it: the block's line, a caret and the message; no parser frames or host paths
     assert syntax.error.splitlines() == ['  File "<repl-2>", line 1', "    def broken(:", "               ^",
                                          "SyntaxError: invalid syntax"]
+    for result in unparsable:
+        assert result.error and "Traceback" not in result.error and "ast.py" not in result.error, result.error
 
 
 async def test_system_exit_and_keyboard_interrupt_are_reported_not_fatal():
