@@ -150,8 +150,8 @@ async def test_errors_show_model_frames_not_worker_internals(backend):
     # as Python's own REPL shows it: the block's line, a caret and the message; no parser frames or host paths
     assert syntax.error.splitlines() == ['  File "<repl-2>", line 1', "    def broken(:", "               ^",
                                          "SyntaxError: invalid syntax"]
-    for result in unparsable:
-        assert result.error and "Traceback" not in result.error and "ast.py" not in result.error, result.error
+    for failed in unparsable:
+        assert failed.error and "Traceback" not in failed.error and "ast.py" not in failed.error, failed.error
 
 
 async def test_system_exit_and_keyboard_interrupt_are_reported_not_fatal():

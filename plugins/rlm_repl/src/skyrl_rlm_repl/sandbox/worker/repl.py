@@ -105,7 +105,7 @@ class Repl:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         try:
             tree = ast.parse(code, filename=filename)
-        except Exception as exc:  # SyntaxError, or MemoryError/ValueError for nesting or null bytes
+        except Exception as exc:  # a SyntaxError, or e.g. a MemoryError for very deep nesting
             # the parser's frames (ast.py, under the host's Python) are ours, not the block's: shown as
             # Python's own REPL shows a syntax error, the block's line and the message only
             raise exc.with_traceback(None) from None
