@@ -24,6 +24,7 @@ RPC_PARAMETERS = {
 }
 MAX_ERROR_CHARS = 8_000
 _WORKER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_BLOCK_PREFIX = "<repl-"  # a block's code runs under the file name <repl-N>
 
 
 class Repl:
@@ -90,7 +91,7 @@ class Repl:
         error = None
         sys.stdout, sys.stderr = out, err
         try:
-            self._run(code, f"<repl-{self._count}>")
+            self._run(code, f"{_BLOCK_PREFIX}{self._count}>")
         except BaseException as exc:  # noqa: B036 - model code may raise anything, SystemExit included
             error = _format_exception(exc)
         finally:
@@ -103,12 +104,7 @@ class Repl:
 
     def _run(self, code: str, filename: str) -> None:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        try:
-            tree = ast.parse(code, filename=filename)
-        except Exception as exc:  # a SyntaxError, or e.g. a MemoryError for very deep nesting
-            # the parser's frames (ast.py, under the host's Python) are ours, not the block's: shown as
-            # Python's own REPL shows a syntax error, the block's line and the message only
-            raise exc.with_traceback(None) from None
+        tree = ast.parse(code, filename=filename)
         last = tree.body[-1] if self.echo_last_expression and tree.body else None
         if isinstance(last, ast.Expr):
             tree.body.pop()
@@ -182,21 +178,26 @@ def _make_stub(method: str, send_request: Callable[[str, dict], Any]) -> Callabl
 
 
 def _format_exception(exc: BaseException) -> str:
-    """The exception without the worker's own frames (they say nothing useful and show host paths)."""
+    """The exception as Python's own REPL shows it: without the harness's frames (they say nothing useful
+    and show host paths), so a block that does not parse reads as its line, a caret and the message."""
     summary = traceback.TracebackException.from_exception(exc)
-    _drop_worker_frames(summary, seen=set())
+    _drop_harness_frames(summary, seen=set())
     text = "".join(summary.format())
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback shortened ...]\n" + text[-MAX_ERROR_CHARS // 2:]
     return text
 
 
-def _drop_worker_frames(summary: traceback.TracebackException, seen: set[int]) -> None:
+def _drop_harness_frames(summary: traceback.TracebackException, seen: set[int]) -> None:
+    """Drop the frames before the block's first one (the worker running it, and the standard library's
+    parser when the block does not parse) and the worker's frames anywhere (e.g. the stubs a block calls)."""
     if id(summary) in seen:
         return
     seen.add(id(summary))
+    frames = list(summary.stack)
+    first = next((i for i, frame in enumerate(frames) if frame.filename.startswith(_BLOCK_PREFIX)), len(frames))
     summary.stack = traceback.StackSummary.from_list(
-        [frame for frame in summary.stack if not frame.filename.startswith(_WORKER_DIR)])
+        [frame for frame in frames[first:] if not frame.filename.startswith(_WORKER_DIR)])
     for linked in (summary.__cause__, summary.__context__):
         if linked is not None:
-            _drop_worker_frames(linked, seen)
+            _drop_harness_frames(linked, seen)
