@@ -7,6 +7,7 @@ from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import collate
 from skyrl_trainers.models import build_tiny_random
 from skyrl_trainers.objective import Normalisers, micro_batch_loss
+from skyrl_trainers.prompt_cache import PromptCache
 
 
 def samples(shared_prompts=False):
@@ -24,12 +25,16 @@ def samples(shared_prompts=False):
     return out
 
 
-def gradient(model, cfg, budget, shared_prompts=False):
+def gradient(model, cfg, budget, shared_prompts=False, carry=False, batch=None):
     model.zero_grad(set_to_none=True)
-    [[plan]] = plan_step(samples(shared_prompts), world_size=1, mini_batches=1, micro_batch_tokens=budget)
+    batch = batch or samples(shared_prompts)
+    [[plan]] = plan_step(batch, world_size=1, mini_batches=1, micro_batch_tokens=budget, carried_prompts=carry)
+    prompts = PromptCache()
     for micro in plan.micro_batches:
-        loss, _ = micro_batch_loss(cfg, model, collate(micro), Normalisers(plan.batch_tokens, plan.batch_sequences))
+        loss, _ = micro_batch_loss(cfg, model, collate(micro, carry_prompts=carry),
+                                   Normalisers(plan.batch_tokens, plan.batch_sequences), prompts=prompts)
         loss.backward()
+    prompts.backward(model)
     return len(plan.micro_batches), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
@@ -58,6 +63,49 @@ def test_packing_a_group_into_shared_prompt_rows_keeps_the_gradient(reduction):
     split_count, split = gradient(model, cfg, budget=1, shared_prompts=True)
     assert (whole_count, split_count) == (1, 5)
     torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-5 * float(whole.abs().max()))
+
+
+def group_of_eight(prompt_lengths=(9, 1, 6)):
+    """Groups of 8 samples (varied response lengths) after prompts of ``prompt_lengths`` tokens."""
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for prompt_length in prompt_lengths:
+        prompt = torch.randint(10, 500, (prompt_length,), generator=generator).tolist()
+        for i in range(8):
+            response = torch.randint(10, 500, (2 + 3 * i % 7,), generator=generator).tolist()
+            mask = [1] * len(response)
+            mask[len(response) // 2] = 0
+            out.append(TrainSample(prompt + response, prompt_length, mask, [-2.0] * len(response), (-1) ** i * (1 + i / 8)))
+    return out
+
+
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean"])
+def test_carrying_prompts_over_micro_batches_keeps_the_gradient_and_runs_each_prompt_once(reduction):
+    """Three groups of 8 over micro-batches of about two samples: rows then hold one prompt token each
+    (a 1-token prompt carries nothing), and the weights' gradient is the one of prompts in every row."""
+    model, _ = build_tiny_random()
+    model.train()
+    cfg = FSDPGRPOConfig(model="tiny-random", loss_reduction=reduction, entropy_coef=0.01)
+    batch = group_of_eight()
+    in_rows_count, in_rows = gradient(model, cfg, budget=24, batch=batch)
+    carried_count, carried = gradient(model, cfg, budget=24, carry=True, batch=batch)
+    assert in_rows.abs().max() > 0
+    torch.testing.assert_close(carried, in_rows, rtol=1e-4, atol=1e-5 * float(in_rows.abs().max()))
+    # the planner counts one prompt token a row, so the same samples fill fewer micro-batches
+    assert carried_count < in_rows_count
+    [[plan]] = plan_step(batch, world_size=1, mini_batches=1, micro_batch_tokens=24, carried_prompts=True)
+    rows = [collate(micro, carry_prompts=True) for micro in plan.micro_batches]
+    responses = sum(len(s.input_ids) - s.response_start for s in batch)
+    assert sum(int((r.input_ids != 0).sum()) for r in rows) <= responses + sum(r.input_ids.shape[0] for r in rows)
+    assert all(len(p) in (8, 0, 5) for r in rows for p in r.carried_prompts)
+
+
+def test_carried_prompts_need_their_cache():
+    model, _ = build_tiny_random()
+    cfg = FSDPGRPOConfig(model="tiny-random")
+    batch = collate(group_of_eight()[:2], carry_prompts=True)
+    with pytest.raises(ValueError, match="carry their prompts"):
+        micro_batch_loss(cfg, model, batch, Normalisers(4, 2))
 
 
 def test_per_micro_batch_mean_would_not_be_invariant():

@@ -4,14 +4,16 @@ A step's samples are cut into ``mini_batches`` contiguous mini-batches (one opti
 Within a mini-batch, samples that share a prompt (a GRPO group) form packs that run the prompt once
 (see :mod:`skyrl_trainers.forward`), split where a pack would exceed the token budget. Packs go to the
 rank with the fewest tokens so far (longest first), and each rank fills micro-batches whose padded
-size (rows x longest packed row) stays within the budget. Ranks get the same number of
+size (rows x longest packed row) stays within the budget. Where the ranks carry prompts outside the
+rows (:mod:`skyrl_trainers.prompt_cache`) a row holds one prompt token, and the budget counts that. Ranks get the same number of
 micro-batches (empty ones are padded in) because every forward/backward of a sharded model is a
 collective.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from skyrl_core.factory import ConfigError
@@ -69,13 +71,15 @@ def training_samples(trajectories: Sequence[Trajectory], advantages: Sequence[fl
 
 
 def plan_step(samples: Sequence[TrainSample], *, world_size: int, mini_batches: int,
-              micro_batch_tokens: int) -> list[list[MiniBatchPlan]]:
+              micro_batch_tokens: int, carried_prompts: bool = False) -> list[list[MiniBatchPlan]]:
     """``plan[rank][k]``: what ``rank`` runs for optimizer step ``k`` of this training step."""
     plans: list[list[MiniBatchPlan]] = [[] for _ in range(world_size)]
+    length = functools.partial(packed_length, carried=carried_prompts)
     for chunk in _chunks(list(samples), mini_batches):
         tokens = sum(s.num_tokens for s in chunk)
-        packs = _packs(chunk, micro_batch_tokens)
-        per_rank = [_micro_batches(rank_packs, micro_batch_tokens) for rank_packs in _balance(packs, world_size)]
+        packs = _packs(chunk, micro_batch_tokens, length)
+        per_rank = [_micro_batches(rank_packs, micro_batch_tokens, length)
+                    for rank_packs in _balance(packs, world_size, length)]
         depth = max(len(m) for m in per_rank)
         for rank, micro in enumerate(per_rank):
             micro += [[] for _ in range(depth - len(micro))]
@@ -95,10 +99,11 @@ def shared_prompt_rows(samples: Sequence[TrainSample]) -> list[list[int]]:
     return list(rows.values())
 
 
-def packed_length(pack: Sequence[TrainSample]) -> int:
-    """Positions of a row holding the shared prompt once and every sample's response."""
+def packed_length(pack: Sequence[TrainSample], carried: bool = False) -> int:
+    """Positions of a row holding the shared prompt once (with ``carried``, its last token only) and
+    every sample's response."""
     prompt = pack[0].response_start
-    return prompt + sum(len(s.input_ids) - prompt for s in pack)
+    return (min(prompt, 1) if carried else prompt) + sum(len(s.input_ids) - prompt for s in pack)
 
 
 def _chunks(items: list[TrainSample], n: int) -> list[list[TrainSample]]:
@@ -112,13 +117,16 @@ def _chunks(items: list[TrainSample], n: int) -> list[list[TrainSample]]:
     return out
 
 
-def _packs(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
+PackLength = Callable[[Sequence[TrainSample]], int]
+
+
+def _packs(samples: list[TrainSample], budget: int, length: PackLength) -> list[list[TrainSample]]:
     """Samples with one prompt, in packs no longer than ``budget`` (a single sample may be longer)."""
     packs: list[list[TrainSample]] = []
     for row in shared_prompt_rows(samples):
         current: list[TrainSample] = []
         for sample in sorted((samples[i] for i in row), key=lambda s: -len(s.input_ids)):
-            if current and packed_length([*current, sample]) > budget:
+            if current and length([*current, sample]) > budget:
                 packs.append(current)
                 current = []
             current.append(sample)
@@ -126,28 +134,28 @@ def _packs(samples: list[TrainSample], budget: int) -> list[list[TrainSample]]:
     return packs
 
 
-def _balance(packs: list[list[TrainSample]], world_size: int) -> list[list[list[TrainSample]]]:
+def _balance(packs: list[list[TrainSample]], world_size: int, length: PackLength) -> list[list[list[TrainSample]]]:
     ranks: list[list[list[TrainSample]]] = [[] for _ in range(world_size)]
     load = [0] * world_size
-    for pack in sorted(packs, key=lambda p: -packed_length(p)):
+    for pack in sorted(packs, key=lambda p: -length(p)):
         rank = min(range(world_size), key=lambda r: (load[r], r))
         ranks[rank].append(pack)
-        load[rank] += packed_length(pack)
+        load[rank] += length(pack)
     return ranks
 
 
-def _micro_batches(packs: list[list[TrainSample]], budget: int) -> list[list[TrainSample]]:
+def _micro_batches(packs: list[list[TrainSample]], budget: int, length_of: PackLength) -> list[list[TrainSample]]:
     """Packs into micro-batches of at most ``budget`` padded positions; two packs of one prompt never
     share a micro-batch (collate would merge them into one row longer than planned)."""
     out: list[list[TrainSample]] = []
     current: list[list[TrainSample]] = []
     longest = 0
-    for pack in sorted(packs, key=lambda p: -packed_length(p)):
-        length = max(longest, packed_length(pack))
+    for pack in sorted(packs, key=lambda p: -length_of(p)):
+        length = max(longest, length_of(pack))
         clash = any(prompt_of(other[0]) == prompt_of(pack[0]) for other in current)
         if current and (length * (len(current) + 1) > budget or clash):
             out.append([s for p in current for s in p])
-            current, length = [], packed_length(pack)
+            current, length = [], length_of(pack)
         current.append(pack)
         longest = length
     if current:

@@ -7,10 +7,16 @@ forward pass then runs the prompt once per group instead of once per sample (ide
 GRPO step of 8 prompts x 4 samples with 38-token prompts runs about a third fewer tokens). Under sdpa
 the packed rows' attention runs as small blocks (:class:`SharedPromptAttention`) rather than under the
 full ``[L, L]`` mask, whose kernel would compute every masked-out score.
+
+A group's samples are more than one micro-batch holds, so each pack of them would run the prompt
+again. With ``carry_prompts`` a row holds only the prompt's last token (it predicts the first response
+token) and its attention also reads the rest of the prompt as keys and values that a
+:class:`~skyrl_trainers.prompt_cache.PromptCache` computed once for every micro-batch of the mini-batch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,19 +27,26 @@ from skyrl_trainers.batching import TrainSample, shared_prompt_rows
 
 # Attention implementations that take an arbitrary 4D mask (others get one sample per row).
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
+# Per layer, the keys and values of each row's carried prompt: ``[r, kv_heads, C, d]`` each.
+CarriedPrompts = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
 class SharedPromptAttention:
     """The packed rows' attention as small independent blocks: each row's prompt and first sample (its first
-    ``first`` positions, plainly causal), then each further sample's queries against the prompt's keys and
-    its own (``B`` blocks gathered from the rows).
+    ``first`` positions, causal), then each further sample's queries against the prompt's keys and its
+    own (``B`` blocks gathered from the rows).
 
-    Indices are flat into the ``r * L`` positions; ``mask`` (True: may attend) is causal by position and
-    hides the blocks' padding; ``output`` gives each position its slot in the ``[r * first]`` outputs of the
-    first blocks followed by the ``[B * Q]`` of the others (row padding reads an arbitrary slot: nothing
-    depends on it). For ``n`` responses of ``R`` tokens after a ``P``-token prompt the attention costs about
-    ``(P + R) ** 2 / 2 + (n - 1) * R * (P + R)`` instead of ``(P + n * R) ** 2`` under the 4D mask.
+    With carried prompts every row's keys start with ``carried`` slots for its prompt's carried part (a
+    shorter prompt leaves padding there): keys live in ``r * (carried + L)`` flat positions, queries in
+    ``r * L``, and ``first_mask`` (``[r, 1, first, carried + first]``) is the first blocks' mask (``None``
+    without carried prompts: plainly causal).
+
+    ``mask`` (True: may attend) is causal by row position, lets every query see the carried prompt and
+    hides the blocks' padding; ``output`` gives each position its slot in the ``[r * first]`` outputs of
+    the first blocks followed by the ``[B * Q]`` of the others (row padding reads an arbitrary slot:
+    nothing depends on it). For ``n`` responses of ``R`` tokens after a ``P``-token prompt the attention
+    costs about ``(P + R) ** 2 / 2 + (n - 1) * R * (P + R)`` instead of ``(P + n * R) ** 2`` under the 4D mask.
     """
 
     first: int
@@ -41,10 +54,13 @@ class SharedPromptAttention:
     keys: torch.Tensor     # [B, K]
     mask: torch.Tensor     # [B, 1, Q, K]
     output: torch.Tensor   # [r * L]
+    carried: int = 0
+    first_mask: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> SharedPromptAttention:
         return SharedPromptAttention(self.first, *(t.to(device) for t in (self.queries, self.keys, self.mask,
-                                                                            self.output)))
+                                                                            self.output)),
+                                     self.carried, None if self.first_mask is None else self.first_mask.to(device))
 
 
 @dataclass
@@ -54,7 +70,8 @@ class MicroBatch:
     Per-sample tensors are ``[n, W]``: column ``w`` is sample ``i``'s response token ``w``
     (``targets``), predicted by the hidden state at flat index ``predictors[i, w]`` of the ``[r * L]``
     positions. ``attention_mask`` is ``[r, L]`` (padding only) when no row is shared, else a boolean
-    ``[r, 1, L, L]`` mask (True: may attend).
+    ``[r, 1, L, L]`` mask (True: may attend). ``carried_prompts`` (with ``carry_prompts``) is each row's
+    prompt but its last token, which the row leaves out (see :mod:`skyrl_trainers.prompt_cache`).
     """
 
     input_ids: torch.Tensor       # [r, L]
@@ -66,12 +83,14 @@ class MicroBatch:
     rollout_logprobs: torch.Tensor
     advantages: torch.Tensor      # [n, W], the sequence's advantage on every position
     shared_prompt: SharedPromptAttention | None = None  # with the 4D mask: the same attention, less work
+    carried_prompts: list[tuple[int, ...]] | None = None
 
     def to(self, device: torch.device | str) -> MicroBatch:
         return MicroBatch(*(t.to(device) for t in (self.input_ids, self.position_ids, self.attention_mask,
                                                     self.predictors, self.targets, self.mask,
                                                     self.rollout_logprobs, self.advantages)),
-                          None if self.shared_prompt is None else self.shared_prompt.to(device))
+                          None if self.shared_prompt is None else self.shared_prompt.to(device),
+                          self.carried_prompts)
 
     @property
     def num_positions(self) -> int:
@@ -79,13 +98,16 @@ class MicroBatch:
         return self.input_ids.numel()
 
 
-def collate(samples: Sequence[TrainSample], pad_id: int = 0, *, pack: bool = True) -> MicroBatch:
+def collate(samples: Sequence[TrainSample], pad_id: int = 0, *, pack: bool = True,
+            carry_prompts: bool = False) -> MicroBatch:
     """Pack ``samples`` into rows (shared prompts once, see :func:`~.batching.shared_prompt_rows`) and
-    right-pad them; an empty list gives a 2-token dummy row with nothing to train on."""
+    right-pad them; an empty list gives a 2-token dummy row with nothing to train on. With
+    ``carry_prompts`` (packed rows only) a row keeps only its prompt's last token."""
     if not samples:
         samples = [TrainSample([pad_id, pad_id], 1, [0], [0.0], 0.0)]
     rows = shared_prompt_rows(samples) if pack else [[i] for i in range(len(samples))]
-    layouts = [_row_layout([samples[i] for i in row]) for row in rows]
+    carried = [samples[row[0]].response_start - 1 if carry_prompts else 0 for row in rows]
+    layouts = [_row_layout([samples[i] for i in row], c) for row, c in zip(rows, carried, strict=True)]
     length = max(len(ids) for ids, _, _, _ in layouts)
     width = max(len(s.input_ids) - s.response_start for s in samples)
     n, r = len(samples), len(rows)
@@ -107,23 +129,27 @@ def collate(samples: Sequence[TrainSample], pad_id: int = 0, *, pack: bool = Tru
             mask[i, :len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float)
             rollout[i, :len(s.loss_mask)] = torch.tensor(s.rollout_logprobs[:len(s.loss_mask)], dtype=torch.float)
             advantages[i] = s.advantage
-    shared = any(len(row) > 1 for row in rows)
+    shared = carry_prompts or any(len(row) > 1 for row in rows)
     attention = _packed_mask(segments) if shared else (segments >= 0).long()
     return MicroBatch(ids, positions, attention, predictors, targets, mask, rollout, advantages,
-                      _shared_prompt_attention(segments) if shared else None)
+                      _shared_prompt_attention(segments, carried) if shared else None,
+                      [tuple(samples[row[0]].input_ids[:c]) for row, c in zip(rows, carried, strict=True)]
+                      if carry_prompts else None)
 
 
-def _row_layout(samples: Sequence[TrainSample]) -> tuple[list[int], list[int], list[int], list[tuple[list[int], list[int]]]]:
-    """One row: the shared prompt, then each sample's response. Returns the row's ids, position ids,
-    segment ids, and per sample the row positions that predict its response tokens and those tokens."""
+def _row_layout(samples: Sequence[TrainSample], carried: int = 0) -> tuple[list[int], list[int], list[int], list[tuple[list[int], list[int]]]]:
+    """One row: the shared prompt (but its first ``carried`` tokens), then each sample's response. Returns
+    the row's ids, position ids, segment ids, and per sample the row positions that predict its response
+    tokens and those tokens."""
     prompt_len = samples[0].response_start
-    ids, positions, segments = list(samples[0].input_ids[:prompt_len]), list(range(prompt_len)), [0] * prompt_len
+    ids, positions = list(samples[0].input_ids[carried:prompt_len]), list(range(carried, prompt_len))
+    segments = [0] * len(ids)
     per_sample = []
     for j, s in enumerate(samples):
         response = list(s.input_ids[prompt_len:])
         start = len(ids)
         # the first response token is predicted by the prompt's last position, the others by their predecessor
-        predictor_positions = [prompt_len - 1] + list(range(start, start + len(response) - 1))
+        predictor_positions = [prompt_len - carried - 1] + list(range(start, start + len(response) - 1))
         ids += response
         positions += range(prompt_len, prompt_len + len(response))
         segments += [j + 1] * len(response)
@@ -142,60 +168,89 @@ def _packed_mask(segments: torch.Tensor) -> torch.Tensor:
     return allowed[:, None]
 
 
-def _shared_prompt_attention(segments: torch.Tensor) -> SharedPromptAttention:
-    """The blocks of :class:`SharedPromptAttention` for rows with ``segments`` (as in :func:`_packed_mask`)."""
+def _shared_prompt_attention(segments: torch.Tensor, carried: Sequence[int]) -> SharedPromptAttention:
+    """The blocks of :class:`SharedPromptAttention` for rows with ``segments`` (as in :func:`_packed_mask`)
+    whose prompts have their first ``carried[row]`` tokens carried outside the row."""
     rows, length = segments.shape
     first = int(((segments == 0) | (segments == 1)).sum(-1).max())
     output = torch.arange(rows * length).view(rows, length)
     output = torch.where(output % length < first, output // length * first + output % length, 0).flatten()
-    queries, keys = [], []
+    width = max(carried)
+    span = width + length  # key positions of a row: its carried prompt's slots, then its own
+    queries, keys, query_order, key_order = [], [], [], []
     for row in range(rows):
         segment = segments[row]
-        prompt = (segment == 0).nonzero().flatten() + row * length
+        prefix = torch.arange(carried[row]) + row * span
+        prompt = (segment == 0).nonzero().flatten()
         for j in range(1, int(segment.max())):
-            own = (segment == j + 1).nonzero().flatten() + row * length
-            keys.append(torch.cat([prompt, own]))
-            queries.append(own)
+            own = (segment == j + 1).nonzero().flatten()
+            queries.append(own + row * length)
+            keys.append(torch.cat([prefix, torch.cat([prompt, own]) + row * span + width]))
+            # row order: carried keys come before every position of the row
+            query_order.append(own)
+            key_order.append(torch.cat([torch.full((carried[row],), -1), prompt, own]))
     # padding: a query slot sees every real key of its block (no empty softmax), a key slot is seen by none
-    query_at = torch.nn.utils.rnn.pad_sequence(queries, batch_first=True, padding_value=rows * length)
-    key_at = torch.nn.utils.rnn.pad_sequence(keys, batch_first=True, padding_value=rows * length + 1)
-    real = query_at < rows * length
+    pad = functools.partial(torch.nn.utils.rnn.pad_sequence, batch_first=True)
+    query_at, key_at = pad(queries or [torch.zeros(0, dtype=torch.long)]), pad(keys or [torch.zeros(0, dtype=torch.long)])
+    order = pad(query_order or [torch.zeros(0, dtype=torch.long)], padding_value=length)
+    seen = pad(key_order or [torch.zeros(0, dtype=torch.long)], padding_value=length + 1)
+    real = order < length
     output[query_at[real]] = rows * first + real.flatten().nonzero().flatten()
-    return SharedPromptAttention(first, query_at.where(real, 0), key_at.where(key_at < rows * length, 0),
-                                 (key_at[:, None, :] <= query_at[:, :, None])[:, None], output)
+    first_mask = None
+    if width:
+        visible = torch.arange(width)[None, :] < torch.tensor(carried)[:, None]  # [r, C]
+        causal = torch.ones(first, first, dtype=torch.bool).tril()
+        first_mask = torch.cat([visible[:, None, :].expand(rows, first, width),
+                                causal.expand(rows, first, first)], dim=-1)[:, None]
+    return SharedPromptAttention(first, query_at, key_at, (seen[:, None, :] <= order[:, :, None])[:, None], output,
+                                 width, first_mask)
 
 
 def _shared_prompt_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, *args: Any,
-                        shared_prompt: SharedPromptAttention | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' ``sdpa`` attention, or with ``shared_prompt`` the same attention over its blocks only.
+                        shared_prompt: SharedPromptAttention | None = None,
+                        carried_prompts: CarriedPrompts | None = None,
+                        record: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                        **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` attention, or with ``shared_prompt`` the same attention over its blocks only
+    (reading each layer's ``carried_prompts`` keys and values first where the rows carry them).
+    ``record`` collects each layer's keys and values (a prompt run by :mod:`~skyrl_trainers.prompt_cache`).
 
     ``query`` is ``[r, heads, L, d]`` (``key`` and ``value`` may have fewer heads); returns ``[r, L, heads, d]``.
     """
+    if record is not None:
+        record.append((key, value))
     if shared_prompt is None:
         return _SDPA[0](module, query, key, value, attention_mask, *args, **kwargs)
     rows, heads, length, dim = query.shape
     options = {"dropout_p": kwargs.get("dropout", 0.0), "scale": kwargs.get("scaling"),
                "enable_gqa": key.shape[1] != heads}
     first = shared_prompt.first
+    if carried_prompts is not None:
+        carried_keys, carried_values = carried_prompts[module.layer_idx]
+        key, value = torch.cat([carried_keys, key], dim=2), torch.cat([carried_values, value], dim=2)
     # right padding after a row's first sample is harmless here: causal queries never see later keys
+    first_keys = shared_prompt.carried + first
     first_out = torch.nn.functional.scaled_dot_product_attention(
-        query[:, :, :first], key[:, :, :first], value[:, :, :first], is_causal=True, **options)
+        query[:, :, :first], key[:, :, :first_keys], value[:, :, :first_keys], attn_mask=shared_prompt.first_mask,
+        is_causal=shared_prompt.first_mask is None, **options)
+    parts = [first_out]
 
-    def blocks(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [r, h, L, d] -> [B, h, n, d]
-        return states.transpose(1, 2).reshape(rows * length, states.shape[1], dim)[index].transpose(1, 2)
+    def blocks(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [r, h, S, d] -> [B, h, n, d]
+        return states.transpose(1, 2).reshape(rows * states.shape[2], states.shape[1], dim)[index].transpose(1, 2)
 
-    rest_out = torch.nn.functional.scaled_dot_product_attention(
-        blocks(query, shared_prompt.queries), blocks(key, shared_prompt.keys), blocks(value, shared_prompt.keys),
-        attn_mask=shared_prompt.mask, **options)
-    out = torch.cat([part.transpose(1, 2).reshape(-1, heads, dim) for part in (first_out, rest_out)])
+    if shared_prompt.queries.numel():
+        parts.append(torch.nn.functional.scaled_dot_product_attention(
+            blocks(query, shared_prompt.queries), blocks(key, shared_prompt.keys), blocks(value, shared_prompt.keys),
+            attn_mask=shared_prompt.mask, **options))
+    out = torch.cat([part.transpose(1, 2).reshape(-1, heads, dim) for part in parts])
     return out[shared_prompt.output].view(rows, length, heads, dim), None
 
 
 _SDPA: list[Any] = []  # transformers' own sdpa attention, once wrapped by _shared_prompt_sdpa
 
 
-def _install_shared_prompt_sdpa() -> None:
+def install_shared_prompt_sdpa() -> None:
     """Route transformers' ``sdpa`` attention through :func:`_shared_prompt_sdpa` (unchanged without its argument)."""
     if _SDPA:
         return
@@ -213,9 +268,11 @@ CHUNK_ROWS = 256  # tokens per chunk: 256 x 49152 fp32 logits is 48 MiB
 
 
 def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: float = 1.0,
-                   entropy_grad: bool = False, trained_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   entropy_grad: bool = False, trained_only: bool = False,
+                   carried: CarriedPrompts | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``[n, W]`` log-probs of ``batch.targets`` under ``model`` (logits / temperature) and the entropy of
-    each predictive distribution (differentiable only with ``entropy_grad``).
+    each predictive distribution (differentiable only with ``entropy_grad``). A batch whose rows carry
+    their prompts needs ``carried``, those prompts' keys and values under ``model``.
 
     With ``trained_only`` both are computed only where ``batch.mask`` is set and are zero elsewhere: the
     head costs the same for every position it scores, and most response positions of a multi-turn
@@ -236,7 +293,7 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: fl
         predictors, targets = predictors[scored], targets[scored]
     if (type(head) is not torch.nn.Linear or head.bias is not None
             or getattr(config, "model_type", None) not in CHUNKABLE_MODEL_TYPES):
-        logp, entropy = _full_logits_logprobs(model, batch, predictors, targets, temperature, entropy_grad)
+        logp, entropy = _full_logits_logprobs(model, batch, predictors, targets, temperature, entropy_grad, carried)
         return _spread(logp, scored, batch.targets.shape), _spread(entropy, scored, batch.targets.shape)
     differentiable = entropy_grad and torch.is_grad_enabled()
 
@@ -255,7 +312,7 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, *, temperature: fl
     hidden: list[torch.Tensor] = []
     hooks = [head.register_forward_pre_hook(take_input), head.register_forward_hook(replace_output)]
     try:
-        out = _run(model, batch).logits
+        out = _run(model, batch, carried).logits
     finally:
         for hook in hooks:
             hook.remove()
@@ -270,11 +327,15 @@ def _spread(values: torch.Tensor, scored: torch.Tensor | None, shape: torch.Size
     return values.new_zeros(shape.numel()).index_copy(0, scored, values).view(shape)
 
 
-def _run(model: torch.nn.Module, batch: MicroBatch) -> Any:
-    extra = {}
+def _run(model: torch.nn.Module, batch: MicroBatch, carried: CarriedPrompts | None = None) -> Any:
+    extra: dict[str, Any] = {}
     if batch.shared_prompt is not None:  # sdpa models attend by blocks, eager ones by the 4D mask
-        _install_shared_prompt_sdpa()
+        install_shared_prompt_sdpa()
         extra["shared_prompt"] = batch.shared_prompt
+    if batch.shared_prompt is not None and batch.shared_prompt.carried:
+        if carried is None:
+            raise ValueError("this micro-batch's rows carry their prompts: pass the prompts' keys and values")
+        extra["carried_prompts"] = carried
     return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                  logits_to_keep=0, use_cache=False, **extra)
 
@@ -285,9 +346,10 @@ def _predicting(per_position: torch.Tensor, predictors: torch.Tensor) -> torch.T
 
 
 def _full_logits_logprobs(model: torch.nn.Module, batch: MicroBatch, predictors: torch.Tensor, targets: torch.Tensor,
-                          temperature: float, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                          temperature: float, entropy_grad: bool,
+                          carried: CarriedPrompts | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat ``[k]`` log-probs of ``targets`` and entropies at the flat ``predictors``, from the model's own logits."""
-    logits = _predicting(_run(model, batch).logits, predictors).float()
+    logits = _predicting(_run(model, batch, carried).logits, predictors).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)

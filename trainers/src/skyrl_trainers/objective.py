@@ -12,7 +12,8 @@ import torch
 
 from skyrl_trainers.algorithms import KL_ESTIMATORS, POLICY_LOSSES, reduce_loss, tis_weights
 from skyrl_trainers.config import FSDPGRPOConfig
-from skyrl_trainers.forward import MicroBatch, token_logprobs
+from skyrl_trainers.forward import CarriedPrompts, MicroBatch, token_logprobs
+from skyrl_trainers.prompt_cache import PromptCache
 
 
 @dataclass
@@ -25,16 +26,17 @@ class Normalisers:
 
 def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBatch, norms: Normalisers, *,
                      old_logp: torch.Tensor | None = None, ref_model: torch.nn.Module | None = None,
-                     temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+                     temperature: float = 1.0, prompts: PromptCache | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the mini-batch loss, and metric sums for the step's report.
 
     ``old_logp`` defaults to the current log-probs without gradient (one update per rollout batch,
     where PPO's ratio is 1 at the start of the update). With ``cfg.off_policy.tis`` other than
     ``none`` the per-token policy loss is multiplied by truncated importance weights from
-    ``old_logp`` over the rollout log-probs (:func:`~.algorithms.off_policy.tis_weights`).
+    ``old_logp`` over the rollout log-probs (:func:`~.algorithms.off_policy.tis_weights`). A batch whose
+    rows carry their prompts takes their keys and values from ``prompts``.
     """
     logp, entropy = token_logprobs(model, batch, temperature=temperature, entropy_grad=cfg.entropy_coef > 0,
-                                   trained_only=True)
+                                   trained_only=True, carried=carried_states(prompts, model, batch))
     old_logp = logp.detach() if old_logp is None else old_logp
     mask = batch.mask
     options: dict[str, float] = {k: v for k, v in (("eps_low", cfg.clip_eps_low), ("eps_high", cfg.clip_eps_high))
@@ -55,7 +57,8 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
     kl = torch.zeros_like(logp)
     if ref_model is not None:
         with torch.no_grad():
-            ref_logp, _ = token_logprobs(ref_model, batch, temperature=temperature, trained_only=True)
+            ref_logp, _ = token_logprobs(ref_model, batch, temperature=temperature, trained_only=True,
+                                         carried=carried_states(prompts, ref_model, batch))
         kl = KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp) * mask
         loss = loss + cfg.kl_coef * reduce_loss(kl, mask, cfg.loss_reduction, **sizes)
     if cfg.entropy_coef > 0:
@@ -66,3 +69,12 @@ def micro_batch_loss(cfg: FSDPGRPOConfig, model: torch.nn.Module, batch: MicroBa
                "clipped_sum": (policy.clipped * mask).sum().item(), "logprob_gap_sum": gap.sum().item(),
                "logprob_gap_max": gap.max().item(), **tis_metrics}
     return loss, metrics
+
+
+def carried_states(prompts: PromptCache | None, model: torch.nn.Module, batch: MicroBatch) -> CarriedPrompts | None:
+    """The keys and values under ``model`` of the prompts ``batch``'s rows carry (``None`` if they carry none)."""
+    if batch.carried_prompts is None:
+        return None
+    if prompts is None:
+        raise ValueError("this micro-batch's rows carry their prompts: pass the mini-batch's PromptCache")
+    return prompts.rows(model, batch.carried_prompts)

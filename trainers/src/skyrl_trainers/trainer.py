@@ -11,6 +11,7 @@ generation with training (:mod:`.overlap`); this module's loop is ``sync``'s.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import sys
@@ -285,6 +286,11 @@ class _StepLoop:
                         "async/training_idle_fraction": 1.0 - (t2 - t1) / max(t3 - t0, 1e-9)})
         return metrics
 
+    @functools.cached_property
+    def carried_prompts(self) -> bool:
+        """Whether the ranks run each prompt once a mini-batch, outside the rows (the plan counts that)."""
+        return all(self.workers.call("carries_prompts"))
+
     def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """Advantages, batch plan and the update on every rank; metrics of the update."""
         cfg = self.cfg
@@ -297,7 +303,7 @@ class _StepLoop:
             log.warning("step %d: no trainable samples (%d trajectories, all failed or empty)", step, len(trajectories))
             return {**metrics, "train/optimizer_steps": 0.0, "train/skipped_steps": 1.0}
         plans = plan_step(samples, world_size=self.workers.world_size, mini_batches=cfg.mini_batches,
-                          micro_batch_tokens=cfg.micro_batch_tokens)
+                          micro_batch_tokens=cfg.micro_batch_tokens, carried_prompts=self.carried_prompts)
         metrics.update(train_metrics(self.workers.call("train_step", per_rank=plans)))
         metrics["train/advantage_abs_mean"] = sum(abs(s.advantage) for s in samples) / len(samples)
         return metrics

@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 from skyrl_core.factory import ConfigError
 
-from skyrl_trainers.batching import MiniBatchPlan
+from skyrl_trainers.batching import MiniBatchPlan, TrainSample
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import PACKABLE_ATTENTION, MicroBatch, collate, token_logprobs
 from skyrl_trainers.lora import MergedView, WithoutAdapters, apply_lora, is_lora, merged_state_dict
-from skyrl_trainers.objective import Normalisers, micro_batch_loss
+from skyrl_trainers.objective import Normalisers, carried_states, micro_batch_loss
 from skyrl_trainers.precision import resolve_precision
+from skyrl_trainers.prompt_cache import PromptCache
 from skyrl_trainers.rng import rng_state, set_rng_state
 from skyrl_trainers.run_folder import LORA_ADAPTER_FOLDER
 
@@ -80,7 +81,10 @@ class TrainWorker:
         self.hf_config = model.config
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # shared-prompt rows need an attention that takes a custom mask (see skyrl_trainers.forward)
-        self.pack = getattr(model.config, "_attn_implementation", None) in PACKABLE_ATTENTION
+        attention = getattr(model.config, "_attn_implementation", None)
+        self.pack = attention in PACKABLE_ATTENTION
+        # a prompt runs once per mini-batch (skyrl_trainers.prompt_cache): block attention, unsharded weights
+        self.carry_prompts = attention == "sdpa" and self.world_size == 1
         self.bf16 = resolve_precision(cfg.precision, kind).bf16
         if cfg.gradient_checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
@@ -149,15 +153,21 @@ class TrainWorker:
 
     # -- training ---------------------------------------------------------------------------------
 
+    def carries_prompts(self) -> bool:
+        """Whether micro-batch rows leave their prompts out (the planner then counts one prompt token a row)."""
+        return self.carry_prompts
+
     def train_step(self, plans: list[MiniBatchPlan]) -> dict[str, float]:
         """One optimizer step per mini-batch plan; returns sums that the driver adds over ranks."""
         totals: dict[str, float] = {}
         old = self._old_logprobs(plans) if len(plans) > 1 else None
         for k, plan in enumerate(plans):
             self.optimizer.zero_grad(set_to_none=True)
+            prompts = PromptCache(self.device)
             for m, samples in enumerate(plan.micro_batches):
-                batch = collate(samples, self.pad_id, pack=self.pack).to(self.device)
-                accumulate(totals, self._backward(batch, plan, old[k][m] if old else None))
+                accumulate(totals, self._backward(self._collate(samples), plan, old[k][m] if old else None, prompts))
+            with self._autocast():
+                prompts.backward(self.policy)
             accumulate(totals, self._optimizer_step())
         # the gradients are dead until the next step: free them for the rollout in between
         self.optimizer.zero_grad(set_to_none=True)
@@ -171,19 +181,30 @@ class TrainWorker:
     @torch.no_grad()
     def _old_logprobs(self, plans: list[MiniBatchPlan]) -> list[list[torch.Tensor]]:
         """Log-probs under the weights before this step's first update (needed when it has several)."""
-        return [[self._forward(self.policy, collate(samples, self.pad_id, pack=self.pack).to(self.device))
-                 for samples in plan.micro_batches] for plan in plans]
+        out = []
+        for plan in plans:
+            prompts = PromptCache(self.device)
+            out.append([self._forward(self.policy, self._collate(samples), prompts) for samples in plan.micro_batches])
+        return out
 
-    def _forward(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return token_logprobs(model, batch, temperature=self.spec.temperature, trained_only=True)[0]
+    def _collate(self, samples: list[TrainSample]) -> MicroBatch:
+        return collate(samples, self.pad_id, pack=self.pack, carry_prompts=self.carry_prompts).to(self.device)
 
-    def _backward(self, batch: MicroBatch, plan: MiniBatchPlan, old_logp: torch.Tensor | None) -> dict[str, float]:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def _forward(self, model: torch.nn.Module, batch: MicroBatch, prompts: PromptCache) -> torch.Tensor:
+        with self._autocast():
+            return token_logprobs(model, batch, temperature=self.spec.temperature, trained_only=True,
+                                  carried=carried_states(prompts, model, batch))[0]
+
+    def _backward(self, batch: MicroBatch, plan: MiniBatchPlan, old_logp: torch.Tensor | None,
+                  prompts: PromptCache) -> dict[str, float]:
+        with self._autocast():
             loss, metrics = micro_batch_loss(self.cfg, self.policy, batch,
                                              Normalisers(plan.batch_tokens, plan.batch_sequences),
                                              old_logp=old_logp, ref_model=self.ref_model,
-                                             temperature=self.spec.temperature)
+                                             temperature=self.spec.temperature, prompts=prompts)
         # FSDP averages gradients over ranks; the micro-batch shares already sum to the batch loss.
         (loss * self.world_size).backward()
         return metrics
