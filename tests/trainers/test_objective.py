@@ -106,6 +106,10 @@ def test_carried_prompts_need_their_cache():
     batch = collate(group_of_eight()[:2], carry_prompts=True)
     with pytest.raises(ValueError, match="carry their prompts"):
         micro_batch_loss(cfg, model, batch, Normalisers(4, 2))
+    # eager attention would never read the carried keys: an error, not a silently different loss
+    model.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match="need sdpa attention, not 'eager'"):
+        micro_batch_loss(cfg, model, batch, Normalisers(4, 2), prompts=PromptCache())
 
 
 def test_per_micro_batch_mean_would_not_be_invariant():

@@ -335,6 +335,9 @@ def _run(model: torch.nn.Module, batch: MicroBatch, carried: CarriedPrompts | No
     if batch.shared_prompt is not None and batch.shared_prompt.carried:
         if carried is None:
             raise ValueError("this micro-batch's rows carry their prompts: pass the prompts' keys and values")
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        if attention != "sdpa":  # only the sdpa wrapper reads the carried keys; another would silently skip them
+            raise ValueError(f"rows that carry their prompts need sdpa attention, not {attention!r}")
         extra["carried_prompts"] = carried
     return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                  logits_to_keep=0, use_cache=False, **extra)
