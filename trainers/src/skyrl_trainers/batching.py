@@ -5,9 +5,9 @@ Within a mini-batch, samples that share a prompt (a GRPO group) form packs that 
 (see :mod:`skyrl_trainers.forward`), split where a pack would exceed the token budget. Packs go to the
 rank with the fewest tokens so far (longest first), and each rank fills micro-batches whose padded
 size (rows x longest packed row) stays within the budget. Where the ranks carry prompts outside the
-rows (:mod:`skyrl_trainers.prompt_cache`) a row holds one prompt token, and the budget counts that. Ranks get the same number of
-micro-batches (empty ones are padded in) because every forward/backward of a sharded model is a
-collective.
+rows (:mod:`skyrl_trainers.prompt_cache`) a row holds one prompt token, and the budget counts that.
+Ranks get the same number of micro-batches (empty ones are padded in) because every forward/backward
+of a sharded model is a collective.
 """
 
 from __future__ import annotations
@@ -74,12 +74,12 @@ def plan_step(samples: Sequence[TrainSample], *, world_size: int, mini_batches: 
               micro_batch_tokens: int, carried_prompts: bool = False) -> list[list[MiniBatchPlan]]:
     """``plan[rank][k]``: what ``rank`` runs for optimizer step ``k`` of this training step."""
     plans: list[list[MiniBatchPlan]] = [[] for _ in range(world_size)]
-    length = functools.partial(packed_length, carried=carried_prompts)
+    length_of = functools.partial(packed_length, carried=carried_prompts)
     for chunk in _chunks(list(samples), mini_batches):
         tokens = sum(s.num_tokens for s in chunk)
-        packs = _packs(chunk, micro_batch_tokens, length)
-        per_rank = [_micro_batches(rank_packs, micro_batch_tokens, length)
-                    for rank_packs in _balance(packs, world_size, length)]
+        packs = _packs(chunk, micro_batch_tokens, length_of)
+        per_rank = [_micro_batches(rank_packs, micro_batch_tokens, length_of)
+                    for rank_packs in _balance(packs, world_size, length_of)]
         depth = max(len(m) for m in per_rank)
         for rank, micro in enumerate(per_rank):
             micro += [[] for _ in range(depth - len(micro))]
@@ -120,13 +120,13 @@ def _chunks(items: list[TrainSample], n: int) -> list[list[TrainSample]]:
 PackLength = Callable[[Sequence[TrainSample]], int]
 
 
-def _packs(samples: list[TrainSample], budget: int, length: PackLength) -> list[list[TrainSample]]:
+def _packs(samples: list[TrainSample], budget: int, length_of: PackLength) -> list[list[TrainSample]]:
     """Samples with one prompt, in packs no longer than ``budget`` (a single sample may be longer)."""
     packs: list[list[TrainSample]] = []
     for row in shared_prompt_rows(samples):
         current: list[TrainSample] = []
         for sample in sorted((samples[i] for i in row), key=lambda s: -len(s.input_ids)):
-            if current and length([*current, sample]) > budget:
+            if current and length_of([*current, sample]) > budget:
                 packs.append(current)
                 current = []
             current.append(sample)
@@ -134,13 +134,13 @@ def _packs(samples: list[TrainSample], budget: int, length: PackLength) -> list[
     return packs
 
 
-def _balance(packs: list[list[TrainSample]], world_size: int, length: PackLength) -> list[list[list[TrainSample]]]:
+def _balance(packs: list[list[TrainSample]], world_size: int, length_of: PackLength) -> list[list[list[TrainSample]]]:
     ranks: list[list[list[TrainSample]]] = [[] for _ in range(world_size)]
     load = [0] * world_size
-    for pack in sorted(packs, key=lambda p: -length(p)):
+    for pack in sorted(packs, key=lambda p: -length_of(p)):
         rank = min(range(world_size), key=lambda r: (load[r], r))
         ranks[rank].append(pack)
-        load[rank] += length(pack)
+        load[rank] += length_of(pack)
     return ranks
 
 
