@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from skyrl_trainers import prompt_cache
 from skyrl_trainers.batching import TrainSample, plan_step
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import collate
@@ -98,6 +99,44 @@ def test_carrying_prompts_over_micro_batches_keeps_the_gradient_and_runs_each_pr
     responses = sum(len(s.input_ids) - s.response_start for s in batch)
     assert sum(int((r.input_ids != 0).sum()) for r in rows) <= responses + sum(r.input_ids.shape[0] for r in rows)
     assert all(len(p) in (8, 0, 5) for r in rows for p in r.carried_prompts)
+
+
+class PromptsInGraph(PromptCache):
+    """The reference for dropout: each prompt's keys and values keep their graph, so every micro-batch's
+    backward goes straight through the prompt run whose masks its forward used."""
+
+    def _states_of(self, model, prompt):
+        key = (id(model), prompt)
+        if key not in self._states:
+            self._states[key] = prompt_cache._prompt_states(model, prompt, self.device)
+        return self._states[key]
+
+    def backward(self, model):
+        pass
+
+
+def test_carried_prompts_under_dropout_get_the_gradient_of_the_masks_their_forward_used():
+    """The prompt runs again for its gradient; under dropout it must draw the masks of its first run."""
+    model, _ = build_tiny_random()
+    model.config.attention_dropout = 0.3
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.3
+    model.train()
+    cfg = FSDPGRPOConfig(model="tiny-random")
+    batch = group_of_eight()
+    [[plan]] = plan_step(batch, world_size=1, mini_batches=1, micro_batch_tokens=24, carried_prompts=True)
+    grads = []
+    for cache in (PromptCache(), PromptsInGraph()):
+        torch.manual_seed(3)
+        model.zero_grad(set_to_none=True)
+        for micro in plan.micro_batches:
+            loss, _ = micro_batch_loss(cfg, model, collate(micro, carry_prompts=True),
+                                       Normalisers(plan.batch_tokens, plan.batch_sequences), prompts=cache)
+            loss.backward(retain_graph=isinstance(cache, PromptsInGraph))
+        cache.backward(model)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    carried, in_graph = grads
+    torch.testing.assert_close(carried, in_graph, rtol=1e-4, atol=1e-5 * float(in_graph.abs().max()))
 
 
 def test_carried_prompts_need_their_cache():
