@@ -106,7 +106,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int = 0, *, pack: bool = Tru
     if not samples:
         samples = [TrainSample([pad_id, pad_id], 1, [0], [0.0], 0.0)]
     rows = shared_prompt_rows(samples) if pack else [[i] for i in range(len(samples))]
-    carried = [samples[row[0]].response_start - 1 if carry_prompts else 0 for row in rows]
+    carried = [max(samples[row[0]].response_start - 1, 0) if carry_prompts else 0 for row in rows]
     layouts = [_row_layout([samples[i] for i in row], c) for row, c in zip(rows, carried, strict=True)]
     length = max(len(ids) for ids, _, _, _ in layouts)
     width = max(len(s.input_ids) - s.response_start for s in samples)
