@@ -36,6 +36,20 @@ def test_grpo_equal_rewards_give_zero_advantage():
     assert grpo_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long)).abs().max() == 0
 
 
+@pytest.mark.parametrize(("n", "score"), [(3, 0.013039117352056168), (5, 0.9989969909729187), (8, 0.0050150451354062184)])
+def test_equal_double_rewards_give_exactly_zero_not_a_rounding_error(n, score):
+    """The mean of ``n`` copies of each of these doubles misses it by an ulp; a std of about that would
+    blow the offset up to 1e-12..1e-10, and the trainer only skips samples whose advantage is exactly 0."""
+    scores = torch.full((n,), score, dtype=torch.float64)
+    groups = torch.zeros(n, dtype=torch.long)
+    assert grpo_advantages(scores, groups).abs().max() == 0
+    assert grpo_advantages(scores, groups, norm_by_std=False).abs().max() == 0
+    assert rloo_advantages(scores, groups).abs().max() == 0
+    assert reinforce_pp_advantages(scores, groups, num_tokens=torch.ones(n)).abs().max() == 0
+    # a real spread keeps its signal
+    assert grpo_advantages(scores + torch.arange(n) * 1e-3, groups).abs().max() > 0.5
+
+
 def test_rloo_leave_one_out_baseline():
     scores = torch.tensor([1.0, 0.0, 0.0, 7.0])
     groups = torch.tensor([3, 3, 3, 9])

@@ -41,6 +41,21 @@ def test_ranks_get_equal_micro_batch_counts_and_shared_normalisers():
     assert sum(len(m) for p in plans for m in p[0].micro_batches) == 4
 
 
+def test_a_mini_batch_without_signal_runs_all_its_samples():
+    """Skipping needs one sample of signal: otherwise the optimizer step (momentum, weight decay) would
+    lose its zero gradient and change; the normalisers always count every sample."""
+    signal = [sample(2, 3, 0.0), sample(2, 4, 1.0), sample(2, 2, 0.0), sample(2, 5, -1.0)]
+    flat = [sample(3, 3, 0.0) for _ in range(3)]
+    plans = plan_step(signal + flat, world_size=1, mini_batches=2, micro_batch_tokens=100, skip_zero_advantage=True)
+    with_signal, without = plans[0]
+    assert sorted(s.advantage for s in with_signal.samples) == [-1.0, 1.0]
+    assert (with_signal.batch_tokens, with_signal.batch_sequences) == (14, 4)
+    assert len(without.samples) == 3 and (without.batch_tokens, without.batch_sequences) == (9, 3)
+    # without the option every sample runs
+    assert sum(len(p.samples) for p in plan_step(signal + flat, world_size=1, mini_batches=2,
+                                                     micro_batch_tokens=100)[0]) == 7
+
+
 def test_mini_batches_split_the_step_into_optimizer_steps():
     plans = plan_step([sample(2, 2) for _ in range(5)], world_size=1, mini_batches=2, micro_batch_tokens=100)
     assert [p.batch_sequences for p in plans[0]] == [3, 2]

@@ -115,6 +115,17 @@ def test_failed_episodes_and_step_wise_samples_do_not_stop_training(run_config, 
     assert record["train/excluded_samples"] == 2.0 and record["train/samples"] == 2.0
 
 
+@pytest.mark.parametrize(("kl_coef", "skipped"), [(0.0, 4.0), (0.1, 0.0)])
+def test_a_group_without_signal_is_left_out_of_the_update(run_config, extra_envs, kl_coef, skipped):
+    """The flat task's 4 samples have advantage 0: without a KL term they run nowhere; with one they must."""
+    cfg = run_config(env="half_flat_letter_e", generator={"n_samples_per_prompt": 4},
+                     trainer={"steps": 1, "export": False, "kl_coef": kl_coef})
+    FSDPGRPOTrainer(cfg).fit()
+    [record] = read_metrics(cfg.run.output_dir)
+    assert record["train/zero_variance_groups"] == 0.5 and record["train/samples"] == 8.0
+    assert record["train/zero_advantage_skipped"] == skipped
+
+
 def test_run_folder_mistakes_are_config_errors(run_config, extra_envs, tmp_path):
     cfg = run_config(env="letter_e", trainer={"steps": 1, "export": False})
     FSDPGRPOTrainer(cfg).fit()

@@ -26,10 +26,11 @@ def samples(shared_prompts=False):
     return out
 
 
-def gradient(model, cfg, budget, shared_prompts=False, carry=False, batch=None):
+def gradient(model, cfg, budget, shared_prompts=False, carry=False, batch=None, skip=False):
     model.zero_grad(set_to_none=True)
     batch = batch or samples(shared_prompts)
-    [[plan]] = plan_step(batch, world_size=1, mini_batches=1, micro_batch_tokens=budget, carried_prompts=carry)
+    [[plan]] = plan_step(batch, world_size=1, mini_batches=1, micro_batch_tokens=budget, carried_prompts=carry,
+                         skip_zero_advantage=skip)
     prompts = PromptCache()
     for micro in plan.micro_batches:
         loss, _ = micro_batch_loss(cfg, model, collate(micro, carry_prompts=carry),
@@ -99,6 +100,41 @@ def test_carrying_prompts_over_micro_batches_keeps_the_gradient_and_runs_each_pr
     responses = sum(len(s.input_ids) - s.response_start for s in batch)
     assert sum(int((r.input_ids != 0).sum()) for r in rows) <= responses + sum(r.input_ids.shape[0] for r in rows)
     assert all(len(p) in (8, 0, 5) for r in rows for p in r.carried_prompts)
+
+
+def with_flat_groups(batch):
+    """``batch`` (groups of 8) with its second group's advantages 0 (all rewards equal) and one more 0."""
+    out = [TrainSample(s.input_ids, s.response_start, s.loss_mask, s.rollout_logprobs,
+                       0.0 if 8 <= i < 16 or i == 3 else s.advantage) for i, s in enumerate(batch)]
+    return out
+
+
+@pytest.mark.parametrize("carry", [False, True])
+@pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "sequence_mean_token_sum"])
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "dual_clip", "gspo"])
+def test_skipping_zero_advantage_samples_keeps_the_gradient(policy_loss, reduction, carry):
+    model, _ = build_tiny_random()
+    model.train()
+    cfg = FSDPGRPOConfig(model="tiny-random", loss_reduction=reduction, policy_loss=policy_loss, loss_norm=8.0)
+    batch = with_flat_groups(group_of_eight((9, 4, 6)))
+    all_count, everything = gradient(model, cfg, budget=24, carry=carry, batch=batch)
+    skip_count, skipped = gradient(model, cfg, budget=24, carry=carry, batch=batch, skip=True)
+    assert everything.abs().max() > 0 and skip_count < all_count
+    torch.testing.assert_close(skipped, everything, rtol=1e-4, atol=1e-5 * float(everything.abs().max()))
+    [[plan]] = plan_step(batch, world_size=1, mini_batches=1, micro_batch_tokens=24, skip_zero_advantage=True)
+    assert sorted(id(s) for s in plan.samples) == sorted(id(s) for s in batch if s.advantage != 0)
+    assert (plan.batch_tokens, plan.batch_sequences) == (sum(s.num_tokens for s in batch), len(batch))
+
+
+def test_an_entropy_bonus_makes_zero_advantage_samples_count():
+    """Guards the trainer's rule (skip only without entropy or KL terms): their entropy has a gradient."""
+    model, _ = build_tiny_random()
+    model.train()
+    cfg = FSDPGRPOConfig(model="tiny-random", entropy_coef=0.01)
+    batch = with_flat_groups(group_of_eight((9, 4, 6)))
+    _, everything = gradient(model, cfg, budget=24, batch=batch)
+    _, skipped = gradient(model, cfg, budget=24, batch=batch, skip=True)
+    assert not torch.allclose(skipped, everything, rtol=1e-3)
 
 
 class PromptsInGraph(PromptCache):

@@ -37,6 +37,19 @@ class FlakyLetterEnv(LetterEnv):
         return [{"id": "ok0"}, {"id": "bad", "broken": True}]
 
 
+class HalfFlatLetterEnv(LetterEnv):
+    """Like ``LetterEnv`` but the task marked ``flat`` pays 0.5 whatever the reply (a zero-variance group)."""
+
+    def take_action(self, action: str) -> StepResult:
+        if self.task.get("flat"):
+            return StepResult([], 0.5, True, False, {})
+        return super().take_action(action)
+
+    @classmethod
+    def load_dataset(cls, split: str = "train", config: Any = None) -> list[dict[str, Any]]:
+        return [{"id": "flat", "flat": True}, {"id": "e0"}]
+
+
 class SleepyHFEngineConfig(HFEngineConfig):
     enable_sleep_mode: bool = True
 
@@ -67,6 +80,7 @@ class TrainerTestEnvs:
     def register_envs(self, register):
         register(EnvSpec(id="letter_e", entry_point="trainer_support:LetterEnv", max_turns=1))
         register(EnvSpec(id="flaky_letter_e", entry_point="trainer_support:FlakyLetterEnv", max_turns=1))
+        register(EnvSpec(id="half_flat_letter_e", entry_point="trainer_support:HalfFlatLetterEnv", max_turns=1))
 
     @hookimpl
     def register_inference_engines(self, register):

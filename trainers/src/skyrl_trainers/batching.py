@@ -6,6 +6,11 @@ Within a mini-batch, samples that share a prompt (a GRPO group) form packs that 
 rank with the fewest tokens so far (longest first), and each rank fills micro-batches whose padded
 size (rows x longest packed row) stays within the budget. Where the ranks carry prompts outside the
 rows (:mod:`skyrl_trainers.prompt_cache`) a row holds one prompt token, and the budget counts that.
+With ``skip_zero_advantage`` (no KL or entropy term in the loss) samples whose advantage is 0, such as
+every sample of a GRPO group whose rewards were all equal, run nowhere: their loss and gradient are
+exactly zero, and the normalisers still count them, so the update is the one they would have joined.
+A mini-batch with no other sample keeps them all (its optimizer step still moves the weights by the
+optimizer's momentum and weight decay, exactly as with them).
 Ranks get the same number of micro-batches (empty ones are padded in) because every forward/backward
 of a sharded model is a collective.
 """
@@ -47,6 +52,10 @@ class MiniBatchPlan:
     batch_tokens: int
     batch_sequences: int
 
+    @property
+    def samples(self) -> list[TrainSample]:
+        return [s for micro in self.micro_batches for s in micro]
+
 
 def training_samples(trajectories: Sequence[Trajectory], advantages: Sequence[float | None]) -> list[TrainSample]:
     """Samples for the trajectories that are trained on (advantage not ``None``, at least one masked token).
@@ -70,14 +79,15 @@ def training_samples(trajectories: Sequence[Trajectory], advantages: Sequence[fl
     return out
 
 
-def plan_step(samples: Sequence[TrainSample], *, world_size: int, mini_batches: int,
-              micro_batch_tokens: int, carried_prompts: bool = False) -> list[list[MiniBatchPlan]]:
+def plan_step(samples: Sequence[TrainSample], *, world_size: int, mini_batches: int, micro_batch_tokens: int,
+              carried_prompts: bool = False, skip_zero_advantage: bool = False) -> list[list[MiniBatchPlan]]:
     """``plan[rank][k]``: what ``rank`` runs for optimizer step ``k`` of this training step."""
     plans: list[list[MiniBatchPlan]] = [[] for _ in range(world_size)]
     length_of = functools.partial(packed_length, carried=carried_prompts)
     for chunk in _chunks(list(samples), mini_batches):
         tokens = sum(s.num_tokens for s in chunk)
-        packs = _packs(chunk, micro_batch_tokens, length_of)
+        signal = [s for s in chunk if s.advantage != 0.0] if skip_zero_advantage else chunk
+        packs = _packs(signal or chunk, micro_batch_tokens, length_of)
         per_rank = [_micro_batches(rank_packs, micro_batch_tokens, length_of)
                     for rank_packs in _balance(packs, world_size, length_of)]
         depth = max(len(m) for m in per_rank)

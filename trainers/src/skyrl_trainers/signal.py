@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from skyrl_trainers.algorithms.advantages import FLAT_SPREAD
+
 log = logging.getLogger(__name__)
 
 GROUP_RELATIVE = ("grpo", "rloo")
@@ -31,7 +33,7 @@ def zero_variance_share(groups: Mapping[str, Sequence[float]], *, estimator: str
         groups = {"batch": [score for scores in groups.values() for score in scores]} if groups else {}
     if not groups:
         return 0.0, 0
-    flat = sum(1 for scores in groups.values() if max(scores) - min(scores) <= 1e-9)
+    flat = sum(1 for scores in groups.values() if max(scores) - min(scores) <= FLAT_SPREAD)
     return flat / len(groups), len(groups)
 
 

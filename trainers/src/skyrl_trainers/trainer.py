@@ -297,13 +297,16 @@ class _StepLoop:
         samples = training_samples(trajectories, self.advantages(step, trajectories))
         groups = self.groups[step] = group_scores(trajectories)
         metrics = {"train/samples": float(len(samples)), "train/excluded_samples": float(len(trajectories) - len(samples)),
-                   "train/input_tokens": float(sum(len(s.input_ids) for s in samples)),
                    "train/zero_variance_groups": zero_variance_share(groups, estimator=cfg.advantage)[0]}
         if not samples:  # e.g. every episode failed: keep the weights, log the step
             log.warning("step %d: no trainable samples (%d trajectories, all failed or empty)", step, len(trajectories))
-            return {**metrics, "train/optimizer_steps": 0.0, "train/skipped_steps": 1.0}
+            return {**metrics, "train/input_tokens": 0.0, "train/optimizer_steps": 0.0, "train/skipped_steps": 1.0}
         plans = plan_step(samples, world_size=self.workers.world_size, mini_batches=cfg.mini_batches,
-                          micro_batch_tokens=cfg.micro_batch_tokens, carried_prompts=self.carried_prompts)
+                          micro_batch_tokens=cfg.micro_batch_tokens, carried_prompts=self.carried_prompts,
+                          skip_zero_advantage=cfg.kl_coef == 0 and cfg.entropy_coef == 0)
+        run = [s for rank in plans for plan in rank for s in plan.samples]
+        metrics["train/zero_advantage_skipped"] = float(len(samples) - len(run))
+        metrics["train/input_tokens"] = float(sum(len(s.input_ids) for s in run))
         metrics.update(train_metrics(self.workers.call("train_step", per_rank=plans)))
         metrics["train/advantage_abs_mean"] = sum(abs(s.advantage) for s in samples) / len(samples)
         return metrics
