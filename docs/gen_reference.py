@@ -5,10 +5,12 @@ defaults) and returns the page's Markdown. The ``undocumented_*`` functions take
 and return one line per thing that has no documentation (an empty list when all is documented);
 tests/core/test_docs_site.py runs them on the real objects and on fixtures that lack documentation.
 
-docs/mkdocs_hooks.py calls :func:`generated_files` before every build (``mkdocs build`` or
-``mkdocs serve``) and adds what it returns to the site as virtual files, so nothing is written
-into the tree. ``python docs/gen_reference.py OUT_DIR`` writes the same pages into ``OUT_DIR`` to
-look at them without building the site.
+The pages are committed under ``docs/reference/`` so that their links work outside a built site (on
+GitHub, in an editor); ``python docs/gen_reference.py docs`` rewrites them. docs/mkdocs_hooks.py calls
+:func:`generated_files` before every build (``mkdocs build`` or ``mkdocs serve``) and builds the site
+from what it returns, so the site is always current; tests/core/test_docs_site.py checks with
+:func:`reference_outline` that the committed pages name the same hooks, commands, options and config
+fields (their formatting may follow the installed typer and rich).
 
 The hand-written pages (``docs/*.md``, the package pages ``docs/packages/<name>.md``) are MkDocs'
 own; :func:`outside_links` is what the hook does to their links that leave ``docs/`` for another
@@ -137,7 +139,7 @@ def hooks_page(module: ModuleType | None = None, project: str = "skyrl", contrac
         contracts = protocol_classes(engine, protocols)
     specs = hookspecs(module, project)
     out = ["# Hooks", "",
-           f"Generated from `{module.__name__}` when the site is built: every hook a plugin can implement, "
+           f"Generated from `{module.__name__}` by `docs/gen_reference.py`: every hook a plugin can implement, "
            "with its signature and docstring. A plugin implements a hook by defining a function of the same "
            "name decorated with `skyrl_core.hookimpl`; it may leave out arguments it does not use.", ""]
     if module.__doc__:
@@ -245,7 +247,7 @@ def cli_page(app: Any = None, name: str = "skyrl", width: int = HELP_WIDTH) -> s
         app = build_app()
     docs = list(walk_commands(app, name, width))
     out = ["# Command line", "",
-           f"Generated from `skyrl_core.cli.build_app()` when the site is built: every `{name}` command and "
+           f"Generated from `skyrl_core.cli.build_app()` by `docs/gen_reference.py`: every `{name}` command and "
            f"sub-command with its `--help` text (formatted for {width} columns), including the commands that "
            "installed plugins add through the `register_commands` hook. The distribution that defines each "
            "command is named under its heading.", "",
@@ -381,7 +383,7 @@ def config_page(models: Mapping[str, Any] | None = None) -> str:
     for label in models:
         sections.setdefault(label.split(" ")[0], []).append(label)
     out = ["# Configuration", "",
-           "Generated from the config classes when the site is built. A run config has one section per "
+           "Generated from the config classes by `docs/gen_reference.py`. A run config has one section per "
            "component (`env`, `generator`, `engine`, `trainer`) holding the chosen component's `id` and its "
            "options, plus the `run` section; every option can also be given on the command line as a dotted "
            "override (`trainer.lr=1e-6`, `env.sandbox.backend=bwrap`). Which fields a section accepts depends "
@@ -492,9 +494,18 @@ def generated_files() -> dict[str, str]:
             REFERENCE_PAGES["configuration"]: config_page()}
 
 
+_OUTLINE = re.compile(r"^#+ .*$|^\| <code>[^<]+</code>|(?<![\w-])--[a-z][a-z0-9-]*", re.MULTILINE)
+
+
+def reference_outline(markdown: str) -> set[str]:
+    """What a reference page names: its headings, the config fields of its tables and the command-line
+    options of its help texts (what goes stale when the code changes, not how typer lays it out)."""
+    return set(_OUTLINE.findall(markdown))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python docs/gen_reference.py OUT_DIR", file=sys.stderr)
+        print("usage: python docs/gen_reference.py OUT_DIR   (docs: rewrite the committed pages)", file=sys.stderr)
         return 2
     out = Path(argv[0])
     for site_path, markdown in generated_files().items():

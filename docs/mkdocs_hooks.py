@@ -1,9 +1,11 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): the generated reference pages, and links out of docs/.
 
-The reference pages (hooks, CLI, configuration) come from docs/gen_reference.py. They are added in
-``on_files``, before MkDocs builds the navigation and checks links, so nothing is written into the
-tree and two builds never race on a folder. The other pages, the package pages included
-(docs/packages/<name>.md), are hand-written Markdown files of docs/.
+The reference pages (hooks, CLI, configuration) come from docs/gen_reference.py. Their committed
+copies in docs/reference/ are replaced in ``on_files``, before MkDocs builds the navigation and checks
+links, by the pages generated from the installed code, so the site is current even where a
+contributor has not rewritten them yet, and nothing is written into the tree during a build. The
+other pages, the package pages included (docs/packages/<name>.md), are hand-written Markdown files of
+docs/.
 
 Those pages link to other repository files relatively (an image in ``viewer/docs/``, a source file),
 so that the links work on GitHub too; :func:`gen_reference.outside_links` makes them work on the
@@ -49,6 +51,9 @@ def on_files(files: Files, config: Any) -> Files:
     for file in files.documentation_pages():
         assets.update(gen.outside_links(file.content_string, file.src_uri, root, docs_dir).assets)
     for src_uri, markdown in gen.generated_files().items():
+        committed = files.get_file_from_path(src_uri)
+        if committed is not None:
+            files.remove(committed)
         files.append(File.generated(config, src_uri, content=markdown))
     for src_uri, path in assets.items():
         files.append(File.generated(config, src_uri, abs_src_path=str(path)))

@@ -70,7 +70,26 @@ def test_strict_build_passes(tmp_path):
     assert "trainer.lr" in (site / "reference" / "configuration.html").read_text()
     assert (site / "assets" / "viewer" / "docs" / "metrics.png").is_file()  # an image a package page shows
     assert 'src="../assets/viewer/docs/metrics.png"' in (site / "packages" / "viewer.html").read_text()
-    assert not (ROOT / "docs" / "reference").exists()  # the generated pages are virtual
+
+
+def test_the_committed_reference_pages_name_what_the_code_has():
+    """docs/reference/ is what GitHub and editors show; the site is built from fresh pages. A hook,
+    command, option or config field added, renamed or removed without rewriting the pages fails here."""
+    for site_path, markdown in gen.generated_files().items():
+        committed = ROOT / "docs" / site_path
+        assert committed.is_file(), f"{committed} is missing: run python docs/gen_reference.py docs"
+        fresh, old = gen.reference_outline(markdown), gen.reference_outline(committed.read_text(encoding="utf-8"))
+        assert len(fresh) > 20
+        assert fresh == old, (f"{committed} is out of date (run python docs/gen_reference.py docs): missing "
+                              f"{sorted(fresh - old)[:10]}, no longer there {sorted(old - fresh)[:10]}")
+
+
+def test_the_reference_outline_sees_a_new_option_and_a_new_field():
+    page = "## `skyrl run` {#skyrl-run}\n\n    --steps  INTEGER\n| <code>trainer.lr</code> | float |\n"
+    outline = gen.reference_outline(page)
+    assert outline == {"## `skyrl run` {#skyrl-run}", "--steps", "| <code>trainer.lr</code>"}
+    assert gen.reference_outline(page + "    --resume  TEXT\n") != outline
+    assert gen.reference_outline(page.replace("trainer.lr", "trainer.steps")) != outline
 
 
 # -- completeness of the real reference ------------------------------------------------------------------

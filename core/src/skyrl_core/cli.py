@@ -19,7 +19,7 @@ from skyrl_core.cli_help import help_format
 from skyrl_core.plugins import get_plugin_manager
 from skyrl_core.registry import KINDS, Kind, Registry, RegistryError
 
-OVERRIDES_HELP = "Dotted config overrides such as trainer.lr=1e-6 env.max_turns=4 (values parsed as YAML)."
+OVERRIDES_HELP = "Dotted config overrides such as generator.temperature=0.2 env.max_turns=4 (values parsed as YAML)."
 
 
 def build_app() -> typer.Typer:
