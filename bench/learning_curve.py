@@ -14,8 +14,12 @@ mean of the last three steps, which compares like with like.
 
 It prints one table (step x seed, task and shaped reward), then one row per seed: wall time, peak RSS
 of the run (its largest process, the trainer; each seed runs under its own parent so the figure is its
-own), task reward of the first and last three steps and the held-out evaluation before and after
-training (``eval/reward_mean``, ``eval/pass_rate``). It writes ``learning_curve.png`` and
+own), the seconds of step 1's rollout, task reward of the first and last three steps and the held-out
+evaluation before and after training (``eval/reward_mean``, ``eval/pass_rate``). Step 1's rollout is
+the same work in every run of a seed (the same tasks, sampling seed and initial weights; the runs part
+later, when turn-2 requests join the engine in the order the sandbox answers), so its time is the
+control: where it is slower than in an earlier run, the machine was, and the wall times compare only
+after scaling by it. It writes ``learning_curve.png`` and
 ``learning_curve.json`` to ``--out`` and checks that in every seed the mean task reward of the last
 three steps is above that of the first three (exit status 1 otherwise).
 
@@ -81,9 +85,9 @@ def cpu_name() -> str:
 
 def print_seed_summary(runs: dict[int, dict[str, Any]]) -> list[int]:
     """One row per seed (the README's table); returns the seeds whose task reward did not rise."""
-    print(f"| seed | wall time, min | peak RSS, GiB | task reward, steps 1-{WINDOW} -> last {WINDOW} | shaped reward "
-          "| eval reward, before -> after | eval pass rate, before -> after | |")
-    print("|---|---:|---:|---|---|---|---|---|")
+    print(f"| seed | wall time, min | peak RSS, GiB | step 1 rollout, s | task reward, steps 1-{WINDOW} -> last {WINDOW} "
+          "| shaped reward | eval reward, before -> after | eval pass rate, before -> after | |")
+    print("|---|---:|---:|---:|---|---|---|---|---|")
     failed = []
     for seed, run in sorted(runs.items()):
         first, last = window_means([s["env/task_reward"] for s in run["steps"]])
@@ -92,7 +96,8 @@ def print_seed_summary(runs: dict[int, dict[str, Any]]) -> list[int]:
         before, after = (evals[0], evals[-1]) if len(evals) > 1 else ({}, {})
         ok = last > first
         failed += [] if ok else [seed]
-        print(f"| {seed} | {run['seconds'] / 60:.1f} | {run['peak_rss_gib']:.2f} | {first:.3f} -> {last:.3f} | "
+        control = run["steps"][0].get("time/generate_seconds", float("nan"))
+        print(f"| {seed} | {run['seconds'] / 60:.1f} | {run['peak_rss_gib']:.2f} | {control:.1f} | {first:.3f} -> {last:.3f} | "
               f"{shaped_first:.3f} -> {shaped_last:.3f} | {_pair(before, after, 'eval/reward_mean')} | "
               f"{_pair(before, after, 'eval/pass_rate')} | {'PASS' if ok else 'FAIL'} |")
     return failed
