@@ -104,9 +104,8 @@ def test_carrying_prompts_over_micro_batches_keeps_the_gradient_and_runs_each_pr
 
 def with_flat_groups(batch):
     """``batch`` (groups of 8) with its second group's advantages 0 (all rewards equal) and one more 0."""
-    out = [TrainSample(s.input_ids, s.response_start, s.loss_mask, s.rollout_logprobs,
-                       0.0 if 8 <= i < 16 or i == 3 else s.advantage) for i, s in enumerate(batch)]
-    return out
+    return [TrainSample(s.input_ids, s.response_start, s.loss_mask, s.rollout_logprobs,
+                        0.0 if 8 <= i < 16 or i == 3 else s.advantage) for i, s in enumerate(batch)]
 
 
 @pytest.mark.parametrize("carry", [False, True])
