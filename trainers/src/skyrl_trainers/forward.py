@@ -385,7 +385,7 @@ class ChunkedLogProbs(torch.autograd.Function):
                 rows = slice(start, start + chunk)
                 log_p = _chunk_log_softmax(hidden[rows], head, temperature)
                 logp[rows] = log_p.gather(-1, targets[rows, None]).squeeze(-1)
-                entropy[rows] = -(log_p.exp() * log_p).sum(-1)
+                entropy[rows] = -log_p.exp().mul_(log_p).sum(-1)
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -399,14 +399,24 @@ class ChunkedLogProbs(torch.autograd.Function):
             head = weight.to(hidden.dtype)
             for start in range(0, hidden.shape[0], ctx.chunk):
                 rows = slice(start, start + ctx.chunk)
+                # in place where it can be: each [chunk, vocab] float32 tensor is 48 MiB, and this runs while
+                # every activation of the micro-batch is still alive (the peak of a step's memory)
                 log_p = _chunk_log_softmax(hidden[rows], head, ctx.temperature)
-                p = log_p.exp()
-                grad_z = p * -grad_logp[rows, None]
-                grad_z.scatter_add_(-1, targets[rows, None], grad_logp[rows, None])
+                grad_z = log_p.exp()  # p, until it becomes the gradient
                 if ctx.entropy_grad and grad_entropy is not None:
-                    h = -(p * log_p).sum(-1, keepdim=True)
-                    grad_z -= grad_entropy[rows, None] * p * (log_p + h)
-                grad_z = (grad_z / ctx.temperature).to(hidden.dtype)
+                    h = -(grad_z * log_p).sum(-1, keepdim=True)
+                    entropy_term = log_p.add_(h).mul_(grad_z).mul_(grad_entropy[rows, None])  # p (log p + H) dH
+                else:
+                    entropy_term = None
+                del log_p
+                grad_z.mul_(-grad_logp[rows, None])
+                grad_z.scatter_add_(-1, targets[rows, None], grad_logp[rows, None])
+                if entropy_term is not None:
+                    grad_z.sub_(entropy_term)
+                    del entropy_term
+                if ctx.temperature != 1.0:
+                    grad_z.div_(ctx.temperature)
+                grad_z = grad_z.to(hidden.dtype)
                 if grad_hidden is not None:
                     grad_hidden[rows] = grad_z @ head
                 if grad_weight is None:
@@ -423,5 +433,5 @@ def _chunk_log_softmax(hidden: torch.Tensor, head: torch.Tensor, temperature: fl
     """Float32 log-softmax of ``hidden @ head.T / temperature`` (``head`` already in ``hidden``'s dtype)."""
     logits = (hidden @ head.T).float()
     if temperature != 1.0:
-        logits = logits / temperature
+        logits.div_(temperature)  # a fresh tensor either way: the matmul's result or its float32 copy
     return torch.log_softmax(logits, dim=-1)
