@@ -399,7 +399,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             head = weight.to(hidden.dtype)
             for start in range(0, hidden.shape[0], ctx.chunk):
                 rows = slice(start, start + ctx.chunk)
-                # in place where it can be: each [chunk, vocab] float32 tensor is 48 MiB, and this runs while
+                # in place where it can be: each [chunk, vocab] float32 tensor is 48 MiB for SmolLM2, and this runs while
                 # every activation of the micro-batch is still alive (the peak of a step's memory)
                 log_p = _chunk_log_softmax(hidden[rows], head, ctx.temperature)
                 grad_z = log_p.exp()  # p, until it becomes the gradient
