@@ -25,6 +25,7 @@ from skyrl_core.factory import ConfigError
 from skyrl_trainers.batching import MiniBatchPlan, TrainSample
 from skyrl_trainers.config import FSDPGRPOConfig
 from skyrl_trainers.forward import PACKABLE_ATTENTION, MicroBatch, collate, token_logprobs
+from skyrl_trainers.lean_layers import install_lean_layers
 from skyrl_trainers.lora import MergedView, WithoutAdapters, apply_lora, is_lora, merged_state_dict
 from skyrl_trainers.objective import Normalisers, carried_states, micro_batch_loss
 from skyrl_trainers.precision import resolve_precision
@@ -86,6 +87,8 @@ class TrainWorker:
         # a prompt runs once per mini-batch (skyrl_trainers.prompt_cache): block attention, unsharded weights
         self.carry_prompts = attention == "sdpa" and self.world_size == 1
         self.bf16 = resolve_precision(cfg.precision, kind).bf16
+        if cfg.lean_layers:
+            install_lean_layers(model)
         if cfg.gradient_checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
@@ -165,7 +168,7 @@ class TrainWorker:
         totals: dict[str, float] = {}
         old = self._old_logprobs(plans) if len(plans) > 1 else None
         for k, plan in enumerate(plans):
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_gradients()
             prompts = PromptCache(self.device)
             for m, samples in enumerate(plan.micro_batches):
                 accumulate(totals, self._backward(self._collate(samples), plan, old[k][m] if old else None, prompts))
@@ -176,6 +179,22 @@ class TrainWorker:
         self.optimizer.zero_grad(set_to_none=True)
         self._refresh_merged_view()
         return totals
+
+    def _zero_gradients(self) -> None:
+        """Zero gradients; on one unsharded rank, as views of one buffer allocated at once.
+
+        Gradients otherwise appear one by one during the first micro-batch's backward, between that
+        micro-batch's activations, and pin glibc's heap in pieces. One buffer is one ``mmap`` of its own
+        outside the heap, returned to the system whole when the step frees it.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.world_size > 1:
+            return
+        for dtype in {p.dtype for p in self.trainable}:
+            params = [p for p in self.trainable if p.dtype == dtype]
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=self.device)
+            for p, grad in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                p.grad = grad.view_as(p)
 
     def _refresh_merged_view(self) -> None:
         if self._merged_view is not None:
