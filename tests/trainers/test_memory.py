@@ -184,10 +184,12 @@ def test_chunked_logprobs_under_autocast_take_the_heads_autocast_dtype(monkeypat
 
 
 PRIMITIVES_PROGRAM = """
+import os
 import torch
 from skyrl_trainers.memory import bound_onednn_primitive_cache
 
 bound_onednn_primitive_cache(2)  # after torch's import, before the first matmul: as a run does
+print("ideep cache:", os.environ["LRU_CACHE_CAPACITY"])
 weight = torch.randn(64, 32)
 for rows in (5, 6, 7, 5):  # three shapes, then the first again
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -203,13 +205,15 @@ def test_the_onednn_primitive_cache_is_bounded_unless_the_user_set_it(user_setti
     import subprocess
     import sys
 
-    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    caches = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's and torch's wrapper's (ideep)
+    env = {key: value for key, value in os.environ.items() if key not in caches}
     env["ONEDNN_VERBOSE"] = "all"  # oneDNN reports each primitive it creates as a cache hit or miss
     if user_setting:
-        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = user_setting
+        env.update(dict.fromkeys(caches, user_setting))
     done = subprocess.run([sys.executable, "-c", PRIMITIVES_PROGRAM], capture_output=True, text=True, env=env,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+    assert f"ideep cache: {user_setting or 2}" in done.stdout
     created = re.findall(r"create:cache_(hit|miss)", done.stdout + done.stderr)
     if not created:
         pytest.skip("this CPU runs bf16 matmuls without oneDNN")
