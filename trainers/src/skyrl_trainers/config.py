@@ -81,7 +81,7 @@ class FSDPGRPOConfig(BaseModel):
     backend: Literal["local", "ray"] = Field("local", description="local processes, or Ray actors in a placement group.")
     ray_address: str | None = Field(None, description="Ray cluster to join (backend=ray); default starts a local one.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
-    lean_layers: bool = Field(True, description="Llama and Qwen gated MLPs and RMSNorms save fewer activations "
+    lean_layers: bool = Field(True, description="Llama, Mistral and Qwen gated MLPs and RMSNorms save fewer activations "
                               "and recompute them in backward (elementwise only, same gradients): 0.49 MiB "
                               "less per micro-batch token for smollm2-135m in fp32.")
     # ~1.5 MB of fp32 activations per token for a 30-layer, 576-wide model: 512 keeps a GRPO step of
