@@ -56,12 +56,13 @@ def run_variant(args: argparse.Namespace) -> dict:
     from skyrl_trainers.batching import plan_step
     from skyrl_trainers.config import FSDPGRPOConfig
     from skyrl_trainers.forward import collate
-    from skyrl_trainers.memory import bound_onednn_primitive_cache, use_one_malloc_arena
+    from skyrl_trainers.memory import bound_onednn_primitive_cache, fix_malloc_thresholds, use_one_malloc_arena
     from skyrl_trainers.models import load_model_and_tokenizer
     from skyrl_trainers.objective import Normalisers, micro_batch_loss
     from skyrl_trainers.prompt_cache import PromptCache
 
     use_one_malloc_arena()
+    fix_malloc_thresholds()
     bound_onednn_primitive_cache()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

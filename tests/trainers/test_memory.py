@@ -219,3 +219,74 @@ def test_the_onednn_primitive_cache_is_bounded_unless_the_user_set_it(user_setti
         pytest.skip("this CPU runs bf16 matmuls without oneDNN")
     # bounded to 2: the first shape was evicted and is built again; the user's 1024 keeps it
     assert created == ["miss", "miss", "miss", "hit" if user_setting else "miss"]
+
+
+THRESHOLD_PROGRAM = """
+import ctypes
+import sys
+
+import torch
+from skyrl_trainers.memory import fix_malloc_thresholds
+
+
+class MallInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo
+print("fixed:", fix_malloc_thresholds() if sys.argv[1] == "fix" else "not called")
+rollout_buffer = torch.ones(16 * 2**20, dtype=torch.uint8)  # mapped under any rule; freed, glibc's rule rises to 16 MiB
+del rollout_buffer
+before = libc.mallinfo2().hblkhd
+cache = torch.ones(8 * 2**20, dtype=torch.uint8)
+print("8 MiB mapped:", libc.mallinfo2().hblkhd - before >= 8 * 2**20)
+del cache
+print("8 MiB returned:", libc.mallinfo2().hblkhd == before)
+activation = torch.ones(2 * 2**20, dtype=torch.uint8)
+print("2 MiB mapped:", libc.mallinfo2().hblkhd > before)
+"""
+
+
+def run_threshold_program(mode: str, tunables: str | None = None) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    if tunables:
+        env["GLIBC_TUNABLES"] = tunables
+    done = subprocess.run([sys.executable, "-c", THRESHOLD_PROGRAM, mode], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def glibc_with_mallinfo2() -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not glibc_with_mallinfo2(), reason="needs glibc 2.33 or newer (mallinfo2)")
+def test_the_rollouts_large_buffers_are_mapped_and_returned_while_activations_stay_in_the_heap():
+    """Under glibc's own rule, freeing one large buffer sends every smaller one to the heap, where it
+    leaves a resident hole; a run fixes the threshold at 4 MiB."""
+    plain = run_threshold_program("plain")
+    assert "8 MiB mapped: False" in plain  # the premise: glibc raised its threshold past 8 MiB
+    fixed = run_threshold_program("fix")
+    assert "fixed: True" in fixed
+    assert "8 MiB mapped: True" in fixed and "8 MiB returned: True" in fixed
+    assert "2 MiB mapped: False" in fixed  # a micro-batch's activations still reuse the heap
+
+
+@pytest.mark.skipif(not glibc_with_mallinfo2(), reason="needs glibc 2.33 or newer (mallinfo2)")
+def test_malloc_thresholds_the_user_tuned_are_left_alone():
+    tuned = run_threshold_program("fix", tunables="glibc.malloc.mmap_threshold=1048576")
+    assert "fixed: False" in tuned
+    assert "8 MiB mapped: True" in tuned and "2 MiB mapped: True" in tuned  # the user's 1 MiB rules

@@ -45,7 +45,7 @@ from skyrl_trainers.engine_setup import (
     sleeps_between_rollouts,
 )
 from skyrl_trainers.evaluation import HeldOutEval
-from skyrl_trainers.memory import bound_onednn_primitive_cache, use_one_malloc_arena
+from skyrl_trainers.memory import bound_onednn_primitive_cache, fix_malloc_thresholds, use_one_malloc_arena
 from skyrl_trainers.numerics import decide_numerics
 from skyrl_trainers.overlap import AsyncLoop, OneStepOffLoop, check_mode
 from skyrl_trainers.progress import TrainingProgress
@@ -91,6 +91,7 @@ class FSDPGRPOTrainer:
         self.clock = RunClock()
         self.check_config(self.config)  # also when built by other code than `skyrl run`
         use_one_malloc_arena()  # before the engine's and OpenMP's threads exist (see skyrl_trainers.memory)
+        fix_malloc_thresholds()  # the rollout's large buffers are mapped, not left as holes in the heap
         bound_onednn_primitive_cache()  # before the first matmul, the precision probe's included
         self.decided, numerics = decide_numerics(self.config)  # self.config stays as given: the run folder saves it
         cfg = self.cfg = self.decided.trainer
