@@ -215,36 +215,77 @@ def _shared_prompt_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch
     """transformers' ``sdpa`` attention, or with ``shared_prompt`` the same attention over its blocks only
     (reading each layer's ``carried_prompts`` keys and values first where the rows carry them).
     ``record`` collects each layer's keys and values (a prompt run by :mod:`~skyrl_trainers.prompt_cache`).
+    Blocks and carried prompts attend through :func:`_block_attention`.
 
     ``query`` is ``[r, heads, L, d]`` (``key`` and ``value`` may have fewer heads); returns ``[r, L, heads, d]``.
     """
     if record is not None:
         record.append((key, value))
+    options = {"dropout_p": kwargs.get("dropout", 0.0), "scale": kwargs.get("scaling")}
+    if shared_prompt is None and record is not None:  # a carried prompt on its own: causal, unpadded
+        return _block_attention(query, key, value, None, **options).transpose(1, 2).contiguous(), None
     if shared_prompt is None:
         return _SDPA[0](module, query, key, value, attention_mask, *args, **kwargs)
     rows, heads, length, dim = query.shape
-    options = {"dropout_p": kwargs.get("dropout", 0.0), "scale": kwargs.get("scaling"),
-               "enable_gqa": key.shape[1] != heads}
     first = shared_prompt.first
     if carried_prompts is not None:
         carried_keys, carried_values = carried_prompts[module.layer_idx]
         key, value = torch.cat([carried_keys, key], dim=2), torch.cat([carried_values, value], dim=2)
     # right padding after a row's first sample is harmless here: causal queries never see later keys
     first_keys = shared_prompt.carried + first
-    first_out = torch.nn.functional.scaled_dot_product_attention(
-        query[:, :, :first], key[:, :, :first_keys], value[:, :, :first_keys], attn_mask=shared_prompt.first_mask,
-        is_causal=shared_prompt.first_mask is None, **options)
+    first_out = _block_attention(query[:, :, :first], key[:, :, :first_keys], value[:, :, :first_keys],
+                                 shared_prompt.first_mask, **options)
     parts = [first_out]
 
     def blocks(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [r, h, S, d] -> [B, h, n, d]
         return states.transpose(1, 2).reshape(rows * states.shape[2], states.shape[1], dim)[index].transpose(1, 2)
 
     if shared_prompt.queries.numel():
-        parts.append(torch.nn.functional.scaled_dot_product_attention(
-            blocks(query, shared_prompt.queries), blocks(key, shared_prompt.keys), blocks(value, shared_prompt.keys),
-            attn_mask=shared_prompt.mask, **options))
+        parts.append(_block_attention(blocks(query, shared_prompt.queries), blocks(key, shared_prompt.keys),
+                                      blocks(value, shared_prompt.keys), shared_prompt.mask, **options))
     out = torch.cat([part.transpose(1, 2).reshape(-1, heads, dim) for part in parts])
     return out[shared_prompt.output].view(rows, length, heads, dim), None
+
+
+def _block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, *,
+                     dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    """Attention of ``[b, h, q, d]`` queries over ``[b, g, k, d]`` keys and values (``g`` divides ``h``) under
+    a boolean ``mask`` (True: may attend; ``None``: causal, ``q == k``): :func:`_bf16_cpu_attention` where
+    autograd runs it on CPU in bf16, else :func:`torch.nn.functional.scaled_dot_product_attention`."""
+    bf16 = query.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
+                                             and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    if query.device.type == "cpu" and bf16 and torch.is_grad_enabled() and not dropout_p:
+        return _bf16_cpu_attention(query, key, value, mask, scale)
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p,
+                                                            is_causal=mask is None, scale=scale,
+                                                            enable_gqa=key.shape[1] != query.shape[1])
+
+
+def _bf16_cpu_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                        scale: float | None) -> torch.Tensor:
+    """Softmax attention as two bf16 matmuls that autograd differentiates, keeping the bf16 probabilities
+    (2 bytes a score) for backward.
+
+    The CPU flash kernel's backward recomputes them block by block instead; in bf16 its forward and
+    backward together took about twice as long as this on the main job's shapes (and fp32 flash was the
+    faster one, so fp32 keeps it). Scores are matmul outputs rounded to bf16 and the softmax accumulates
+    in float32, as the kernel's inputs are under autocast; masked scores take bf16's lowest value rather
+    than ``-inf``, so a query with no visible key gets an even average instead of NaN.
+    """
+    batch, heads, length, dim = query.shape
+    groups, keys = key.shape[1], key.shape[2]
+    if mask is None:
+        mask = torch.ones(length, keys, dtype=torch.bool, device=query.device).tril()
+    with torch.autocast("cpu", enabled=False):
+        # the query heads that share a key head form one matrix: [b, g, (h / g) * q, d]
+        grouped = (query.to(torch.bfloat16) * (dim ** -0.5 if scale is None else scale)).reshape(
+            batch, groups, heads // groups * length, dim)
+        scores = torch.matmul(grouped, key.to(torch.bfloat16).transpose(-1, -2))
+        scores = scores.view(batch, groups, heads // groups, length, keys)
+        hidden = ~(mask[:, :, None] if mask.dim() == 4 else mask)  # [b, 1, q, k] -> [b, 1, 1, q, k]
+        probs = torch.softmax(scores.masked_fill_(hidden, torch.finfo(torch.bfloat16).min), dim=-1)
+        out = torch.matmul(probs.view(batch, groups, -1, keys), value.to(torch.bfloat16))
+    return out.view(batch, heads, length, dim)
 
 
 _SDPA: list[Any] = []  # transformers' own sdpa attention, once wrapped by _shared_prompt_sdpa
