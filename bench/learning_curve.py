@@ -23,7 +23,7 @@ after scaling by it. It writes ``learning_curve.png`` and
 ``learning_curve.json`` to ``--out`` and checks that in every seed the mean task reward of the last
 three steps is above that of the first three (exit status 1 otherwise).
 
-    python bench/learning_curve.py                      # seeds 0 1 2, 9 to 12 minutes each on 2 fp32 cores
+    python bench/learning_curve.py                      # seeds 0 1 2, 10 to 13 minutes each on 2 cores
     python bench/learning_curve.py --seeds 0 --out /tmp/lc trainer.steps=8   # extra overrides pass through
     python bench/learning_curve.py --out /tmp/lc --replot   # table and plot again from learning_curve.json
 """

@@ -27,7 +27,7 @@ def register_envs(register: Register) -> None:
         # Held out per training split: what a run evaluates on and `skyrl rollout` plays by default.
         eval_splits={"starter": "starter_test", "train": "validation"},
         # The main job (`skyrl run --env rlm_repl --trainer fsdp_grpo`): the starter curriculum, which the
-        # embedded 135M model solves now and then, so GRPO has a signal from the first step; 9 to 12
+        # embedded 135M model solves now and then, so GRPO has a signal from the first step; 10 to 13
         # minutes on 2 CPU cores (README). Train on the evidence task with trainer.data_split=train.
         run_defaults={
             "env": {"max_turns": 2, "worked_example": True, "format_reward": {"block_runs": 0.1, "final_called": 0.1}},
