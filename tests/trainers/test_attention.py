@@ -107,3 +107,18 @@ def test_without_autograd_or_in_fp32_the_fused_kernel_runs(monkeypatch):
         token_logprobs(model, batch)  # evaluation, the prompt cache's first run, old log-probs
     logp, _ = token_logprobs(model, batch)  # fp32 training
     logp.sum().backward()
+
+
+def test_a_long_rows_attention_keeps_the_fused_kernels_memory(monkeypatch):
+    """Above MATMUL_ATTENTION_MAX_SCORES the probabilities would cost more memory than flash's linear state."""
+    torch.manual_seed(0)
+    model, _ = build_tiny_random()
+    model.train()
+    batch = collate(group_samples())
+    calls = []
+    monkeypatch.setattr(forward, "_bf16_cpu_attention", lambda *a: calls.append(a))
+    monkeypatch.setattr(forward, "MATMUL_ATTENTION_MAX_SCORES", 10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, _ = token_logprobs(model, batch)
+    logp.sum().backward()
+    assert calls == [] and torch.isfinite(logp).all()

@@ -247,14 +247,22 @@ def _shared_prompt_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch
     return out[shared_prompt.output].view(rows, length, heads, dim), None
 
 
+# Most scores of one attention call that :func:`_bf16_cpu_attention` keeps for backward (8 MiB in bf16, five
+# times the main job's largest block); a longer row's attention keeps flash's memory, linear in its length.
+MATMUL_ATTENTION_MAX_SCORES = 1 << 22
+
+
 def _block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, *,
                      dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
     """Attention of ``[b, h, q, d]`` queries over ``[b, g, k, d]`` keys and values (``g`` divides ``h``) under
-    a boolean ``mask`` (True: may attend; ``None``: causal, ``q == k``): :func:`_bf16_cpu_attention` where
-    autograd runs it on CPU in bf16, else :func:`torch.nn.functional.scaled_dot_product_attention`."""
+    a boolean ``[b, 1, q, k]`` mask (True: may attend; ``None``: causal, ``q == k``): :func:`_bf16_cpu_attention`
+    where autograd runs it on CPU in bf16 over at most ``MATMUL_ATTENTION_MAX_SCORES`` scores, else
+    :func:`torch.nn.functional.scaled_dot_product_attention`."""
     bf16 = query.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
                                              and torch.get_autocast_dtype("cpu") == torch.bfloat16)
-    if query.device.type == "cpu" and bf16 and torch.is_grad_enabled() and not dropout_p:
+    scores = query.shape[0] * query.shape[1] * query.shape[2] * key.shape[2]
+    if (query.device.type == "cpu" and bf16 and torch.is_grad_enabled() and not dropout_p
+            and scores <= MATMUL_ATTENTION_MAX_SCORES):
         return _bf16_cpu_attention(query, key, value, mask, scale)
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p,
                                                             is_causal=mask is None, scale=scale,
