@@ -11,7 +11,7 @@ from skyrl_trainers.workers import free_port
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def three_micro_batches():
+def three_micro_batches(mini_batches=1):
     generator = torch.Generator().manual_seed(0)
     samples = []
     for _ in range(2):  # two prompts of three samples: carried prompts, packed rows
@@ -19,8 +19,8 @@ def three_micro_batches():
         for advantage in (1.0, -0.5, 0.25):
             response = torch.randint(10, 500, (7,), generator=generator).tolist()
             samples.append(TrainSample(prompt_ids + response, 6, [1, 1, 0, 0, 1, 1, 1], [-3.0] * 7, advantage))
-    plans = plan_step(samples, world_size=1, mini_batches=1, micro_batch_tokens=20)
-    assert len(plans[0][0].micro_batches) >= 3
+    plans = plan_step(samples, world_size=1, mini_batches=mini_batches, micro_batch_tokens=20)
+    assert len(plans[0]) == mini_batches and len(plans[0][0].micro_batches) >= 3 // mini_batches
     return plans[0]
 
 
@@ -49,7 +49,7 @@ def worker():
     rank.close()
 
 
-def step_gradients(worker, monkeypatch, plans, *, cache, sparse):
+def step_gradients(worker, monkeypatch, plans, *, cache=True, sparse=True):
     """Gradients of one ``train_step`` (the optimizer does not step, so the weights stay as they were)."""
     grads = {}
 
@@ -87,6 +87,13 @@ def test_each_weight_is_cast_once_per_mini_batch_with_the_gradients_of_casting_p
     assert once[embedding].abs().sum() > 0 and not once[embedding].is_sparse
     for name, grad in each.items():
         torch.testing.assert_close(once[name], grad, msg=name)
+
+
+def test_each_mini_batch_casts_the_weights_again_even_inside_a_callers_autocast(worker, monkeypatch):
+    """The optimizer steps between mini-batches: a cast kept past one would train on stale weights."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, casts = step_gradients(worker, monkeypatch, three_micro_batches(mini_batches=2))
+    assert len(casts) == 2 * worker.hf_config.num_hidden_layers and set(casts.values()) == {2}
 
 
 def test_only_a_trainable_plain_embedding_gets_sparse_gradients():

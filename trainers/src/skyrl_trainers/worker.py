@@ -178,6 +178,7 @@ class TrainWorker:
                 for m, samples in enumerate(plan.micro_batches):
                     accumulate(totals, self._backward(self._collate(samples), plan, old[k][m] if old else None, prompts))
                 prompts.backward(self.policy)
+            torch.clear_autocast_cache()  # stale after this step, even where a caller's own autocast is open
             accumulate(totals, self._optimizer_step())
         # the gradients are dead until the next step: free them for the rollout in between
         self.optimizer.zero_grad(set_to_none=True)
