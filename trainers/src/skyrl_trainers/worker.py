@@ -380,4 +380,3 @@ def sparse_embedding_gradient(model: torch.nn.Module) -> bool:
         return False
     embedding.sparse = True
     return True
-
